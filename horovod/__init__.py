@@ -1,0 +1,14 @@
+"""horovod: distributed data-parallel training, drop-in for Horovod 0.28.1 scripts."""
+from __future__ import annotations
+
+__version__ = "0.28.1"
+
+
+def run(*args, **kwargs):
+    """Launch ``func`` on several processes and return the per-rank results.
+
+    See :func:`horovod.runner.run`; imported lazily so ``import horovod`` stays cheap.
+    """
+    from horovod.runner import run as _run
+
+    return _run(*args, **kwargs)

@@ -1,0 +1,178 @@
+"""The data-plane interface: move and reduce bytes among the ranks of one group.
+
+A transport knows nothing about tensor names, negotiation or frameworks.  Every buffer is a 1-D, C-contiguous
+numpy array of a real numpy dtype (the engine converts bfloat16 before calling).  Every call is collective:
+all members of the group make the same calls in the same order.  Every blocking wait is bounded by
+``timeout`` seconds and raises :class:`TransportError` naming the peer it waited for.
+
+Transports register themselves by name in :data:`REGISTRY`; the engine picks one with an explicit priority list.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+
+# Reduction ops a transport must support on its own (Average, pre/post-scaling and Adasum are engine-level).
+SUM, MIN, MAX, PRODUCT = "sum", "min", "max", "product"
+
+_UFUNCS = {SUM: np.add, MIN: np.minimum, MAX: np.maximum, PRODUCT: np.multiply}
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: str) -> None:
+    """``dst = dst (op) src`` elementwise, in place (bool: sum/max are OR, min/product are AND)."""
+    if dst.dtype == np.bool_:
+        if op in (SUM, MAX):
+            np.logical_or(dst, src, out=dst)
+        else:
+            np.logical_and(dst, src, out=dst)
+        return
+    _UFUNCS[op](dst, src, out=dst)
+
+
+class TransportError(RuntimeError):
+    """A collective could not complete: a peer died, closed, timed out or misbehaved.
+
+    Attributes:
+        peer: the group rank (or description) of the peer concerned, when known.
+    """
+
+    def __init__(self, message: str, peer: object = None):
+        super().__init__(message)
+        self.peer = peer
+
+
+class Transport(abc.ABC):
+    """Collectives over a fixed group of processes.
+
+    Attributes:
+        rank: this process's index in the group.
+        size: the number of processes in the group.
+        name: the transport's registry name (``tcp``, ``shm``, ``mpi``, ``local``).
+    """
+
+    name: str = "abstract"
+    rank: int
+    size: int
+
+    @abc.abstractmethod
+    def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
+        """Reduce ``buf`` across the group, in place, with ``op`` in {sum, min, max, product}."""
+
+    @abc.abstractmethod
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
+        """Concatenate every rank's ``send`` into ``recv``; ``counts[r]`` elements come from rank r."""
+
+    @abc.abstractmethod
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        """Copy ``buf`` of group rank ``root`` into ``buf`` on every rank."""
+
+    @abc.abstractmethod
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int]) -> None:
+        """Rank r sends ``send_counts[p]`` consecutive elements to p and receives ``recv_counts[p]`` from p."""
+
+    @abc.abstractmethod
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = SUM) -> None:
+        """Reduce ``send`` (``sum(counts)`` elements) across ranks; rank r gets block r (``counts[r]``) in ``recv``."""
+
+    @abc.abstractmethod
+    def sendrecv(self, send: Optional[np.ndarray], dest: Optional[int], recv: Optional[np.ndarray],
+                 source: Optional[int]) -> None:
+        """Point-to-point: send ``send`` to ``dest`` while receiving ``recv`` from ``source`` (either may be None)."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank of the group has entered the barrier."""
+
+    @abc.abstractmethod
+    def subgroup(self, ranks: Sequence[int]) -> "Transport":
+        """A transport over ``ranks`` (group ranks, sorted) of this group; the caller must be one of them."""
+
+    def close(self) -> None:
+        """Release sockets, segments and threads.  Idempotent."""
+
+
+class LocalTransport(Transport):
+    """The group of one: every collective is a copy (or nothing)."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self.rank, self.size = 0, 1
+
+    def allreduce(self, buf, op=SUM):
+        pass
+
+    def allgatherv(self, send, recv, counts):
+        recv[: send.size] = send
+
+    def broadcast(self, buf, root):
+        pass
+
+    def alltoallv(self, send, send_counts, recv, recv_counts):
+        recv[: recv_counts[0]] = send[: send_counts[0]]
+
+    def reducescatter(self, send, recv, counts, op=SUM):
+        recv[: counts[0]] = send[: counts[0]]
+
+    def sendrecv(self, send, dest, recv, source):
+        if send is not None and recv is not None:
+            recv[...] = send
+
+    def barrier(self):
+        pass
+
+    def subgroup(self, ranks):
+        return self
+
+
+# name -> factory(context) -> Transport; filled by each transport module on import.
+REGISTRY: Dict[str, Callable[..., Transport]] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., Transport]], Callable[..., Transport]]:
+    """Class/function decorator adding a transport factory to :data:`REGISTRY`."""
+
+    def deco(factory):
+        REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+class Store(abc.ABC):
+    """What a transport needs from the rendezvous: a shared key-value store (see ``runner.rendezvous``)."""
+
+    @abc.abstractmethod
+    def put(self, scope: str, key: str, value: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def get(self, scope: str, key: str, timeout: Optional[float] = None) -> bytes: ...
+
+
+class Bootstrap:
+    """Everything a transport factory needs to connect the world group.
+
+    Attributes:
+        rank, size, local_rank, local_size, cross_rank, cross_size, hostname: this process's place in the job.
+        store: the rendezvous key-value store (duck-typed :class:`Store`), or ``None`` under MPI.
+        secret: the job secret; every connection is authenticated with it.
+        bind_addr: the local address to listen on (never wider than needed).
+        timeout: seconds any blocking wait may take before :class:`TransportError`.
+        scope: a key prefix unique to this ``init()`` (re-initialisation must not read stale keys).
+        options: transport-specific knobs (e.g. ``small_message_bytes``), from the engine config.
+    """
+
+    def __init__(self, rank: int, size: int, *, local_rank: int = 0, local_size: int = 1, cross_rank: int = 0,
+                 cross_size: int = 1, hostname: str = "localhost", store=None, secret: bytes = b"",
+                 bind_addr: str = "127.0.0.1", timeout: float = 30.0, scope: str = "tcp",
+                 options: Optional[dict] = None):
+        self.rank, self.size = rank, size
+        self.local_rank, self.local_size = local_rank, local_size
+        self.cross_rank, self.cross_size = cross_rank, cross_size
+        self.hostname = hostname
+        self.store, self.secret, self.bind_addr = store, secret, bind_addr
+        self.timeout, self.scope = timeout, scope
+        self.options = dict(options or {})
