@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import http.client
 import logging
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +32,11 @@ def _sign(secret: bytes, method: str, path: str, stamp: str, body: bytes) -> str
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
     protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        super().setup()
+        # Headers and body leave in separate writes: without NODELAY each request waits on delayed ACKs.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, fmt, *args):  # requests are operator noise, not user output
         logger.debug("rendezvous %s: " + fmt, self.address_string(), *args)
@@ -182,6 +188,8 @@ class RendezvousClient:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = http.client.HTTPConnection(self.addr, self.port, timeout=self.timeout)
+            conn.connect()
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._local.conn = conn
         return conn
 
@@ -192,21 +200,23 @@ class RendezvousClient:
                    "Content-Length": str(len(body))}
         last_exc: Optional[Exception] = None
         for _ in range(3):
-            conn = self._conn()
             try:
+                conn = self._conn()
                 conn.request(method, path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
-                if resp.status == 403:
-                    raise PermissionError(
-                        f"rendezvous server at {self.addr}:{self.port} rejected this process: it was not "
-                        f"started with this job's secret ({data.decode(errors='replace')})")
-                return resp.status, data
             except (OSError, http.client.HTTPException) as exc:
                 last_exc = exc
-                conn.close()
+                if getattr(self._local, "conn", None) is not None:
+                    self._local.conn.close()
                 self._local.conn = None
                 time.sleep(0.05)
+                continue
+            if resp.status == 403:
+                raise PermissionError(
+                    f"rendezvous server at {self.addr}:{self.port} rejected this process: it was not "
+                    f"started with this job's secret ({data.decode(errors='replace')})")
+            return resp.status, data
         raise ConnectionError(
             f"cannot reach the rendezvous server at {self.addr}:{self.port} ({last_exc}); the launcher may have "
             f"exited, or this host cannot route to it (see --network-interfaces)") from last_exc
