@@ -125,6 +125,8 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("disable_group_fusion", bool, False, "HOROVOD_DISABLE_GROUP_FUSION", None, None,
          "Fuse each explicit group on its own."),
     Knob("elastic", bool, False, "HOROVOD_ELASTIC", None, None, "Set by the launcher for elastic jobs."),
+    Knob("init_timeout_seconds", int, 120, "HOROVOD_INIT_TIMEOUT_SECONDS", None, None,
+         "Seconds init() waits for every rank to reach it (slow imports on busy hosts need headroom)."),
     Knob("small_message_bytes", int, 64 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
          "Below this many bytes collectives use latency-optimal algorithms instead of rings."),
 )

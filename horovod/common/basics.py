@@ -1,0 +1,261 @@
+"""init / shutdown and the rank queries every binding re-exports."""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import logging
+import threading
+from typing import Dict, Optional, Sequence, Union
+
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.engine import config as _config
+from horovod.engine.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
+
+logger = logging.getLogger("horovod")
+
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+_lock = threading.RLock()
+_runtime = None
+_generation = 0
+_sets: Dict[int, ProcessSet] = {}
+_atexit_registered = False
+
+_LOG_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING,
+               "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+
+
+def _configure_logging(cfg) -> None:
+    level = _LOG_LEVELS.get(str(cfg.log_level).upper(), logging.WARNING)
+    logger.setLevel(level)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        fmt = "[%(levelname)s %(filename)s:%(lineno)d] %(message)s" if cfg.log_hide_time else \
+            "[%(asctime)s: %(levelname)s %(filename)s:%(lineno)d] %(message)s"
+        handler.setFormatter(logging.Formatter(fmt))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def init(comm: Optional[Union[Sequence[int], object]] = None,
+         process_sets: Optional[Union[Sequence[ProcessSet], str]] = None) -> None:
+    """Start the engine: connect to the other ranks and start the background thread.
+
+    Idempotent while running.  ``shutdown()`` followed by ``init()`` starts a fresh engine (elastic training
+    relies on it).
+
+    Args:
+        comm: ``None`` for all ranks, or an mpi4py communicator (MPI jobs).
+        process_sets: static :class:`ProcessSet` objects to register (ids 1, 2, ...), or ``"dynamic"``.
+
+    Raises:
+        ValueError: initialisation failed (the message says why and what to do).
+    """
+    global _runtime, _generation, _atexit_registered
+    with _lock:
+        if _runtime is not None and _runtime.alive:
+            return
+        if _runtime is not None:
+            _runtime.shutdown()
+            _runtime = None
+        if isinstance(process_sets, str):
+            if process_sets != "dynamic":
+                raise ValueError(f"process_sets must be a list of ProcessSet or 'dynamic', got {process_sets!r}")
+            _config.set_environ("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+            process_sets = []
+        static = list(process_sets or [])
+        seen = set()
+        for ps in static:
+            if not isinstance(ps, ProcessSet):
+                raise ValueError(f"process_sets entries must be ProcessSet objects, got {ps!r}")
+            if tuple(ps.ranks) in seen:
+                raise ValueError(f"Duplicate process set ranks {ps.ranks} passed to hvd.init().")
+            seen.add(tuple(ps.ranks))
+        mpi_comm = None
+        if comm is not None and hasattr(comm, "Get_rank"):
+            mpi_comm = comm
+        elif comm is not None:
+            ranks = sorted(int(r) for r in comm)
+            cfg0 = _config.load()
+            if ranks != list(range(cfg0.topology.size)):
+                raise ValueError(f"hvd.init(comm={list(comm)}): a rank subset as the world is not supported by "
+                                 f"this engine; use process sets (hvd.ProcessSet({list(comm)})) instead.")
+        cfg = _config.load()
+        _configure_logging(cfg)
+        size = cfg.topology.size if mpi_comm is None else mpi_comm.Get_size()
+        for ps in static:
+            bad = [r for r in ps.ranks if not 0 <= r < size]
+            if bad:
+                raise ValueError(f"Process set {ps.ranks} has ranks {bad} outside the job of size {size}.")
+        from horovod.engine import bootstrap, collectives
+
+        try:
+            _runtime = bootstrap.start(cfg, [ps.ranks for ps in static], _generation, mpi_comm)
+        except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
+            raise ValueError(f"Horovod initialization failed: {exc}") from exc
+        _generation += 1
+        collectives.reset_names()
+        _sets.clear()
+        global_process_set.ranks = list(range(_runtime.size))
+        _sets[0] = global_process_set
+        for i, ps in enumerate(static, start=1):
+            ps.process_set_id = i
+            _sets[i] = ps
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Stop the engine; pending collectives fail.  ``init()`` may be called again afterwards."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            return
+        runtime, _runtime = _runtime, None
+        for ps in list(_sets.values()):
+            if ps.process_set_id not in (0, None):
+                ps._invalidate()
+        _sets.clear()
+    runtime.shutdown()
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def runtime():
+    """The running engine.
+
+    Raises:
+        ValueError: not initialised.
+    """
+    rt = _runtime
+    if rt is None:
+        raise ValueError(NOT_INITIALIZED)
+    return rt
+
+
+def registered_process_sets() -> Dict[int, ProcessSet]:
+    return _sets
+
+
+def _topology():
+    return runtime().config.topology
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return runtime().size
+
+
+def rank() -> int:
+    """This process's global rank."""
+    return runtime().rank
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    rt = runtime()
+    return rt.size if rt.size == 1 else _topology().local_size
+
+
+def local_rank() -> int:
+    """This process's rank among the processes on its host."""
+    rt = runtime()
+    return 0 if rt.size == 1 else _topology().local_rank
+
+
+def cross_size() -> int:
+    """Number of hosts that have a process with this process's local rank."""
+    rt = runtime()
+    return 1 if rt.size == 1 else _topology().cross_size
+
+
+def cross_rank() -> int:
+    """Index of this host among the hosts that have a process with this local rank."""
+    rt = runtime()
+    return 0 if rt.size == 1 else _topology().cross_rank
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of processes."""
+    rt = runtime()
+    topo = _topology()
+    return rt.size == 1 or topo.local_size * topo.cross_size == rt.size
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI supports MPI_THREAD_MULTIPLE.
+
+    Raises:
+        ValueError: MPI is not in use (the job runs on the built-in transports).
+    """
+    if not mpi_enabled():
+        raise ValueError("Horovod MPI is not enabled: mpi_threads_supported() needs a job running on MPI "
+                         "(launch with mpirun or horovodrun --mpi).")
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """True when collectives run over MPI."""
+    return _runtime is not None and _runtime.transport_name == "mpi"
+
+
+def mpi_built() -> bool:
+    """True when mpi4py (and so an MPI library) is importable."""
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def gloo_enabled() -> bool:
+    """True when the built-in transports (the Gloo role of the original) are in use."""
+    return _runtime is not None and _runtime.transport_name != "mpi"
+
+
+def gloo_built() -> bool:
+    """Always True: the built-in TCP / shared-memory transports need nothing installed."""
+    return True
+
+
+def nccl_built() -> int:
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing the timeline to ``file_path`` (rank 0); needs ``HOROVOD_TIMELINE`` set at init.
+
+    Raises:
+        ValueError: not initialised, or HOROVOD_TIMELINE was not set (use ``HOROVOD_TIMELINE=DYNAMIC``).
+    """
+    rt = runtime()
+    if not rt.config.timeline:
+        raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC (or a file path) before hvd.init() to use "
+                         "hvd.start_timeline().")
+    from horovod.engine import timeline
+
+    timeline.start_dynamic(rt, file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline (the file stays valid JSON)."""
+    from horovod.engine import timeline
+
+    timeline.stop_dynamic(runtime())

@@ -1,0 +1,155 @@
+"""Turning a resolved config into a running engine: rendezvous, control plane, data plane, background thread.
+
+Transports are chosen by name from the registry, with an explicit priority: an explicit ``HOROVOD_TRANSPORT``
+(or ``HOROVOD_CPU_OPERATIONS=mpi``) wins; otherwise MPI under ``mpirun``, shared memory when every rank is on
+this host, hierarchical shared memory + TCP when the job spans hosts, TCP as the fallback.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import secrets
+from typing import Optional, Sequence
+
+from horovod.engine.config import Config
+from horovod.engine.controller import ControlPlane
+from horovod.engine.runtime import Runtime
+from horovod.transport import sockets
+from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport
+
+logger = logging.getLogger(__name__)
+
+_TRANSPORT_MODULES = {"tcp": "horovod.transport.tcp", "shm": "horovod.transport.shm",
+                      "mpi": "horovod.transport.mpi", "hierarchical": "horovod.transport.hierarchical"}
+
+
+class InitError(ValueError):
+    """``init()`` could not assemble the job (bad launch environment, unreachable peers)."""
+
+
+def _load_transport(name: str):
+    if name not in REGISTRY:
+        module = _TRANSPORT_MODULES.get(name)
+        if module is None:
+            raise InitError(f"unknown transport '{name}'; choose one of auto, {', '.join(_TRANSPORT_MODULES)}")
+        importlib.import_module(module)
+    if name not in REGISTRY:
+        raise InitError(f"transport '{name}' is not available in this installation")
+    return REGISTRY[name]
+
+
+def _available(name: str) -> bool:
+    try:
+        _load_transport(name)
+        return True
+    except (ImportError, InitError):
+        return False
+
+
+def choose_transport(config: Config, mpi_comm=None) -> str:
+    """The data plane for this job (pure decision from config and topology)."""
+    topo = config.topology
+    explicit = (config.transport or "auto").lower()
+    if explicit != "auto":
+        return explicit
+    wants_mpi = (config.cpu_operations or "").lower() == "mpi" or (config.controller or "").lower() == "mpi"
+    forbids_mpi = (config.cpu_operations or "").lower() == "gloo"
+    if mpi_comm is not None or wants_mpi or (topo.launched_by == "mpirun" and not forbids_mpi):
+        if _available("mpi"):
+            return "mpi"
+    if topo.local_size == topo.size and _available("shm"):
+        return "shm"
+    if topo.local_size < topo.size and _available("hierarchical"):
+        return "hierarchical"
+    return "tcp"
+
+
+class _MpiRendezvous:
+    """Under ``mpirun`` there is no launcher: rank 0 serves the rendezvous in-process and shares its address."""
+
+    def __init__(self, comm, bind_addr: str):
+        from horovod.runner.rendezvous import RendezvousClient, RendezvousServer
+
+        self.server = None
+        if comm.Get_rank() == 0:
+            secret = secrets.token_bytes(32)
+            self.server = RendezvousServer(secret, host=bind_addr).start()
+            info = (bind_addr, self.server.port, secret)
+        else:
+            info = None
+        addr, port, secret = comm.bcast(info, root=0)
+        self.secret = secret
+        self.client = RendezvousClient(addr, port, secret)
+
+
+def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation: int = 0,
+          mpi_comm=None) -> Runtime:
+    """Build and start the engine for this process.
+
+    Args:
+        config: resolved knobs and topology.
+        process_sets: static process sets (global ranks), registered with ids 1, 2, ...
+        generation: how many times this process initialised before; keeps rendezvous keys fresh.
+        mpi_comm: an mpi4py communicator given to ``hvd.init(comm=...)``.
+
+    Raises:
+        InitError: the environment does not describe a complete job.
+    """
+    topo = config.topology
+    rank, size = topo.rank, topo.size
+    if mpi_comm is not None:
+        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    elif topo.launched_by == "mpirun":
+        try:
+            from mpi4py import MPI
+        except ImportError as exc:
+            raise InitError("this process was started by mpirun but mpi4py is not installed; "
+                            "`pip install mpi4py` (or horovod-next[mpi]), or launch with horovodrun") from exc
+        mpi_comm = MPI.COMM_WORLD
+    if size == 1:
+        return Runtime(config, 0, 1, LocalTransport(), ControlPlane(0, 1, {}), process_sets).start()
+
+    timeout = float(max(config.init_timeout_seconds, config.gloo_timeout_seconds))
+    rendezvous_server = None
+    if topo.rendezvous_addr and mpi_comm is None:
+        from horovod.runner.rendezvous import RendezvousClient
+
+        if topo.secret is None:
+            raise InitError("HOROVOD_GLOO_RENDEZVOUS_ADDR is set but the job secret is missing from the "
+                            "environment; start workers with horovodrun (or horovod.run)")
+        store = RendezvousClient(topo.rendezvous_addr, topo.rendezvous_port, topo.secret, timeout=timeout)
+        secret = topo.secret
+        bind_addr = sockets.local_address_for(topo.rendezvous_addr)
+    elif mpi_comm is not None:
+        bind_addr = "127.0.0.1" if topo.local_size == size else sockets.local_address_for(topo.hostname)
+        rendezvous = _MpiRendezvous(mpi_comm, bind_addr)
+        store, secret, rendezvous_server = rendezvous.client, rendezvous.secret, rendezvous.server
+    else:
+        raise InitError(
+            f"HOROVOD_SIZE={size} but no rendezvous server is known (HOROVOD_GLOO_RENDEZVOUS_ADDR is unset) and "
+            f"this process was not started by mpirun; launch the script with `horovodrun -np {size} ...`")
+
+    scope = f"g{generation}"
+    control = ControlPlane.connect(rank, size, store, scope + "-ctl", secret, bind_addr, timeout)
+    name = choose_transport(config, mpi_comm)
+    factory = _load_transport(name)
+    boot = Bootstrap(rank, size, local_rank=topo.local_rank, local_size=topo.local_size,
+                     cross_rank=topo.cross_rank, cross_size=topo.cross_size, hostname=topo.hostname, store=store,
+                     secret=secret, bind_addr=bind_addr, timeout=float(config.gloo_timeout_seconds),
+                     scope=scope + "-" + name,
+                     options={"small_message_bytes": config.small_message_bytes, "mpi_comm": mpi_comm,
+                              "fusion_threshold": config.fusion_threshold,
+                              "hierarchical_allreduce": config.hierarchical_allreduce,
+                              "hierarchical_allgather": config.hierarchical_allgather,
+                              "mpi_threads_disable": config.mpi_threads_disable})
+    try:
+        world = factory(boot)
+    except Exception:
+        control.close()
+        raise
+    logger.debug("rank %d: transport %s ready", rank, name)
+    runtime = Runtime(config, rank, size, world, control, process_sets)
+    runtime.transport_name = name
+    runtime.rendezvous_server = rendezvous_server
+    runtime.mpi_comm = mpi_comm
+    return runtime.start()

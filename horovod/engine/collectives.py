@@ -1,0 +1,216 @@
+"""The framework-neutral collective API on numpy arrays.
+
+Every binding (numpy, torch, tensorflow, mxnet, keras) converts its tensors to numpy views and calls these
+functions; they validate arguments, name the tensors, and enqueue entries on the running engine.  Each returns
+a :class:`Handle`; ``handle.wait()`` gives the result.
+
+All ranks of the process set must call each collective, in the same order (unnamed tensors are matched by
+issue order).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from horovod.engine import ops
+from horovod.engine.handles import Entry, Handle
+from horovod.engine.messages import Request
+
+_name_lock = threading.Lock()
+_noname_counter = itertools.count()
+_group_counter = itertools.count()
+
+
+def reset_names() -> None:
+    """Restart automatic naming (every rank does it at ``init()``, so names keep matching)."""
+    global _noname_counter, _group_counter
+    with _name_lock:
+        _noname_counter = itertools.count()
+        _group_counter = itertools.count()
+
+
+def tensor_name(prefix: str, name: Optional[str]) -> str:
+    """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered in issue order."""
+    if name is None:
+        with _name_lock:
+            return f"{prefix}.noname.{next(_noname_counter)}"
+    return f"{prefix}.{name}"
+
+
+def group_names(prefix: str, name: Optional[str], count: int) -> Tuple[List[str], int]:
+    """Member names ``<base>_<i>of<n>`` (1-based) and a fresh group id."""
+    base = tensor_name(prefix, name)
+    with _name_lock:
+        gid = next(_group_counter)
+    return [f"{base}_{i}of{count}" for i in range(1, count + 1)], gid
+
+
+def _runtime():
+    from horovod.common import basics
+
+    return basics.runtime()
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, process_set: int,
+             outputs: Optional[Sequence[Optional[np.ndarray]]] = None, dtypes: Optional[Sequence[str]] = None,
+             op: int = ops.Sum, root: int = -1, prescale: float = 1.0, postscale: float = 1.0,
+             splits: Optional[Sequence[Optional[Sequence[int]]]] = None, group: Optional[int] = None,
+             finalize: Optional[Callable] = None) -> Handle:
+    runtime = _runtime()
+    handle = Handle(len(tensors), list(names), finalize)
+    entries = []
+    for i, tensor in enumerate(tensors):
+        tensor = _contiguous(np.asarray(tensor))
+        dtype = ops.dtype_name(tensor, dtypes[i] if dtypes else None)
+        req = Request(rank=runtime.rank, name=names[i], kind=kind, dtype=dtype, shape=tuple(tensor.shape), op=op,
+                      root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
+                      group=(group, len(tensors)) if group is not None else None,
+                      splits=tuple(int(s) for s in splits[i]) if splits and splits[i] is not None else None)
+        entries.append(Entry(req, tensor, outputs[i] if outputs else None, handle, i))
+    runtime.enqueue(entries)
+    return handle
+
+
+def _single(results):
+    return results[0]
+
+
+def _check_op(op: int, process_set: int, what: str = "allreduce") -> None:
+    if op not in ops.OP_NAMES:
+        raise ValueError(f"Unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product "
+                         f"or hvd.Adasum.")
+    if op == ops.Adasum:
+        runtime = _runtime()
+        size = len(runtime.sets[process_set].ranks) if process_set in runtime.sets else runtime.size
+        if process_set != 0:
+            raise NotImplementedError("Adasum is only supported on the global process set.")
+        if size & (size - 1):
+            raise NotImplementedError(f"Adasum requires a power-of-two number of ranks; this job has {size}.")
+
+
+def allreduce_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, op: int = ops.Average,
+                    prescale: float = 1.0, postscale: float = 1.0, process_set: int = 0,
+                    outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
+                    dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
+    """Reduce each tensor across the process set (in place when ``outputs[i] is tensors[i]``)."""
+    _check_op(op, process_set)
+    group = None
+    if grouped:
+        with _name_lock:
+            group = next(_group_counter)
+    return _enqueue(ops.ALLREDUCE, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes, op=op,
+                    prescale=prescale, postscale=postscale, group=group, finalize=None if grouped else _single)
+
+
+def allgather_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, process_set: int = 0,
+                    dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
+    """Concatenate each tensor across ranks along dimension 0 (first dimensions may differ per rank)."""
+    for t in tensors:
+        if np.ndim(t) == 0:
+            raise ValueError("allgather needs a tensor with at least one dimension; got a scalar. "
+                             "Reshape it to [1] first.")
+    group = None
+    if grouped:
+        with _name_lock:
+            group = next(_group_counter)
+    return _enqueue(ops.ALLGATHER, tensors, names, process_set=process_set, dtypes=dtypes, group=group,
+                    finalize=None if grouped else _single)
+
+
+def broadcast_async(tensors: Sequence[np.ndarray], names: Sequence[str], root_rank: int, *, process_set: int = 0,
+                    outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
+                    dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
+    """Copy the root's tensors to every rank; ``root_rank`` is a global rank."""
+    runtime = _runtime()
+    pset = runtime.sets.get(process_set)
+    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < runtime.size:
+        raise ValueError(f"broadcast root_rank {root_rank!r} is invalid: expected a global rank in "
+                         f"[0, {runtime.size}).")
+    if pset is not None and root_rank not in pset.ranks:
+        raise ValueError(f"broadcast root_rank {root_rank} is not a member of the process set {list(pset.ranks)}.")
+    group = None
+    if grouped:
+        with _name_lock:
+            group = next(_group_counter)
+    return _enqueue(ops.BROADCAST, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes,
+                    root=int(root_rank), group=group, finalize=None if grouped else _single)
+
+
+def alltoall_async(tensor: np.ndarray, name: str, splits: Optional[Sequence[int]] = None, *, process_set: int = 0,
+                   dtype: Optional[str] = None) -> Handle:
+    """Send rows ``splits[p]`` to set member p and receive theirs; result ``(output, received_splits)``."""
+    runtime = _runtime()
+    pset = runtime.sets.get(process_set)
+    members = len(pset.ranks) if pset is not None else runtime.size
+    tensor = np.asarray(tensor)
+    if tensor.ndim == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension; got a scalar.")
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % members:
+            raise ValueError(f"alltoall without splits needs the first dimension ({rows}) to be divisible by the "
+                             f"number of ranks ({members}); pass splits=[...] for an uneven exchange.")
+        split_list = [rows // members] * members
+    else:
+        split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
+        if len(split_list) != members:
+            raise ValueError(f"alltoall splits has {len(split_list)} entries; expected one per rank of the process "
+                             f"set ({members}).")
+        if any(s < 0 for s in split_list):
+            raise ValueError(f"alltoall splits must be non-negative, got {split_list}.")
+        if sum(split_list) != rows:
+            raise ValueError(f"alltoall splits sum to {sum(split_list)} but the tensor's first dimension is {rows}.")
+    return _enqueue(ops.ALLTOALL, [tensor], [name], process_set=process_set, dtypes=[dtype] if dtype else None,
+                    splits=[split_list], finalize=_single)
+
+
+def reducescatter_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, op: int = ops.Average,
+                        prescale: float = 1.0, postscale: float = 1.0, process_set: int = 0,
+                        dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
+    """Reduce across ranks and give rank r its block of rows (lower ranks get the extra rows)."""
+    if op not in (ops.Sum, ops.Average):
+        raise ValueError(f"reducescatter supports only Sum and Average, got {ops.OP_NAMES.get(op, op)}.")
+    for t in tensors:
+        if np.ndim(t) == 0:
+            raise ValueError("reducescatter needs a tensor with at least one dimension; got a scalar.")
+    group = None
+    if grouped:
+        with _name_lock:
+            group = next(_group_counter)
+    return _enqueue(ops.REDUCESCATTER, tensors, names, process_set=process_set, dtypes=dtypes, op=op,
+                    prescale=prescale, postscale=postscale, group=group, finalize=None if grouped else _single)
+
+
+def barrier(process_set: int = 0) -> None:
+    """Return once every rank of the process set has reached the barrier."""
+    runtime = _runtime()
+    handle = Handle(1, ["barrier"], _single)
+    req = Request(rank=runtime.rank, name="barrier.noname", kind=ops.BARRIER, process_set=process_set)
+    runtime.enqueue([Entry(req, None, None, handle)])
+    handle.wait()
+
+
+def join_async() -> Handle:
+    """Announce that this rank has no more data; completes when all ranks joined, with the last joiner's rank."""
+    runtime = _runtime()
+    handle = Handle(1, ["join"], _single)
+    req = Request(rank=runtime.rank, name="join.noname", kind=ops.JOIN, process_set=0)
+    runtime.enqueue([Entry(req, None, None, handle)])
+    return handle
+
+
+def process_set_change(kind: int, payload) -> object:
+    """Negotiate adding (ranks) or removing (id) a process set on every rank; returns the id / whether it existed."""
+    runtime = _runtime()
+    handle = Handle(1, ["process_set"], _single)
+    name = tensor_name("add_process_set" if kind == ops.ADD_PROCESS_SET else "remove_process_set", None)
+    req = Request(rank=runtime.rank, name=name, kind=kind, process_set=0, payload=payload)
+    runtime.enqueue([Entry(req, None, None, handle)])
+    return handle.wait()

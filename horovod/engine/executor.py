@@ -1,0 +1,300 @@
+"""Executes planned responses on a transport: fusion buffer in, collective, scaling, fusion buffer out.
+
+Runs only on the background thread.  A response names tensors; this rank's entries for them (or zeros, for a
+rank that has joined) are staged into one reusable fusion buffer, reduced or gathered by the transport, and
+copied out.  A single tensor that can be worked on in place skips the staging copies.
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from horovod.engine import ops
+from horovod.engine.handles import Entry
+from horovod.engine.messages import Response
+from horovod.transport.base import Transport
+
+
+class FusionBuffer:
+    """One reusable byte buffer per process (grown on demand, never shrunk below the last need)."""
+
+    def __init__(self) -> None:
+        self._raw = np.empty(0, dtype=np.uint8)
+
+    def get(self, count: int, dtype: np.dtype) -> np.ndarray:
+        nbytes = count * dtype.itemsize
+        if self._raw.nbytes < nbytes:
+            self._raw = np.empty(max(nbytes, 2 * self._raw.nbytes if self._raw.nbytes < (64 << 20) else nbytes),
+                                 dtype=np.uint8)
+        return self._raw[:nbytes].view(dtype)
+
+    def release_above(self, nbytes: int) -> None:
+        """Free the buffer when it grew past ``nbytes`` (threshold changes, memory pressure)."""
+        if self._raw.nbytes > nbytes:
+            self._raw = np.empty(0, dtype=np.uint8)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1)
+
+
+def _row_elems(shape: Sequence[int]) -> int:
+    return prod(shape[1:]) if len(shape) > 1 else 1
+
+
+def split_rows(rows: int, parts: int) -> List[int]:
+    """Reducescatter split: ``rows // parts`` each, the first ``rows % parts`` get one more."""
+    base, extra = divmod(rows, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+class Executor:
+    """Carries out responses for this rank.
+
+    Args:
+        rank: global rank of this process.
+        set_ranks: process set id -> sorted global ranks.
+        transport_for: process set id -> the transport of that set (members only).
+    """
+
+    def __init__(self, rank: int, set_ranks: Dict[int, Sequence[int]], transport_for: Callable[[int], Transport]):
+        self.rank = rank
+        self.set_ranks = set_ranks
+        self.transport_for = transport_for
+        self.fusion = FusionBuffer()
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _stage_in(self, entry: Optional[Entry], shape, dst: np.ndarray, dtype: str) -> None:
+        if entry is None or entry.tensor is None:
+            dst[...] = 0
+        elif dtype == ops.BFLOAT16:
+            ops.bf16_to_f32(_flat(entry.tensor), dst)
+        else:
+            np.copyto(dst, _flat(entry.tensor), casting="no")
+
+    def _stage_out(self, src: np.ndarray, entry: Entry, shape, dtype: str) -> np.ndarray:
+        out = entry.output
+        if out is None:
+            out = np.empty(shape, dtype=ops.storage_dtype(dtype))
+        if dtype == ops.BFLOAT16:
+            ops.f32_to_bf16(src, _flat(out))
+        else:
+            np.copyto(_flat(out), src, casting="no")
+        return out
+
+    # -- dispatch -------------------------------------------------------------------------------------
+    def execute(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        """Run ``resp``; returns one result per entry (the output array, or a tuple for alltoall)."""
+        kind = resp.kind
+        if kind == ops.ALLREDUCE:
+            if resp.op == ops.Adasum:
+                return self._adasum(resp, entries)
+            return self._allreduce(resp, entries)
+        if kind == ops.ALLGATHER:
+            return self._allgather(resp, entries)
+        if kind == ops.BROADCAST:
+            return self._broadcast(resp, entries)
+        if kind == ops.ALLTOALL:
+            return self._alltoall(resp, entries)
+        if kind == ops.REDUCESCATTER:
+            return self._reducescatter(resp, entries)
+        if kind == ops.BARRIER:
+            self.transport_for(resp.process_set).barrier()
+            return [None for _ in entries]
+        raise ValueError(f"executor cannot run response kind {kind}")
+
+    def _scales(self, resp: Response):
+        post = resp.postscale
+        if resp.op == ops.Average:
+            post = post / len(self.set_ranks[resp.process_set])
+        return resp.prescale, post
+
+    # -- reductions -----------------------------------------------------------------------------------
+    def _allreduce(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        transport = self.transport_for(resp.process_set)
+        pre, post = self._scales(resp)
+        op = ops.TRANSPORT_OP[resp.op]
+        if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16:
+            entry = entries[0]
+            if entry.output is None:
+                entry.output = np.empty_like(entry.tensor)
+            buf = _flat(entry.output)
+            if entry.output is not entry.tensor and not np.shares_memory(entry.output, entry.tensor):
+                np.copyto(buf, _flat(entry.tensor), casting="no")
+            ops.scale_inplace(buf, pre)
+            transport.allreduce(buf, op)
+            ops.scale_inplace(buf, post)
+            return [entry.output]
+        counts = [prod(s) for s in resp.shapes]
+        buf = self.fusion.get(sum(counts), ops.compute_dtype(resp.dtype))
+        offset = 0
+        for entry, shape, n in zip(entries, resp.shapes, counts):
+            self._stage_in(entry, shape, buf[offset:offset + n], resp.dtype)
+            offset += n
+        ops.scale_inplace(buf, pre)
+        transport.allreduce(buf, op)
+        ops.scale_inplace(buf, post)
+        results: List[object] = []
+        offset = 0
+        for entry, shape, n in zip(entries, resp.shapes, counts):
+            results.append(None if entry is None else self._stage_out(buf[offset:offset + n], entry, shape,
+                                                                     resp.dtype))
+            offset += n
+        return results
+
+    def _adasum(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        """Adasum by recursive doubling: partners exchange vectors and combine them scale-invariantly."""
+        transport = self.transport_for(resp.process_set)
+        results: List[object] = []
+        for entry, shape in zip(entries, resp.shapes):
+            n = prod(shape)
+            a = np.empty(n, dtype=np.float64)
+            if entry is None or entry.tensor is None:
+                a[...] = 0
+            elif resp.dtype == ops.BFLOAT16:
+                tmp = np.empty(n, dtype=np.float32)
+                ops.bf16_to_f32(_flat(entry.tensor), tmp)
+                a[...] = tmp
+            else:
+                a[...] = _flat(entry.tensor)
+            a *= resp.prescale
+            b = np.empty_like(a)
+            distance = 1
+            while distance < transport.size:
+                partner = transport.rank ^ distance
+                transport.sendrecv(a, partner, b, partner)
+                # Both partners must combine in the same order to get bit-identical results.
+                lo, hi = (a, b) if transport.rank < partner else (b, a)
+                dot = float(np.dot(lo, hi))
+                n_lo, n_hi = float(np.dot(lo, lo)), float(np.dot(hi, hi))
+                c_lo = 1.0 - dot / (2 * n_lo) if n_lo > 1e-300 else 1.0
+                c_hi = 1.0 - dot / (2 * n_hi) if n_hi > 1e-300 else 1.0
+                a = c_lo * lo + c_hi * hi
+                distance <<= 1
+            a *= resp.postscale
+            if entry is None:
+                results.append(None)
+                continue
+            out = entry.output if entry.output is not None else np.empty(shape, ops.storage_dtype(resp.dtype))
+            if resp.dtype == ops.BFLOAT16:
+                ops.f32_to_bf16(a.astype(np.float32), _flat(out))
+            else:
+                _flat(out)[...] = a.astype(out.dtype, copy=False)
+            entry.output = out
+            results.append(out)
+        return results
+
+    def _reducescatter(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        transport = self.transport_for(resp.process_set)
+        size, me = transport.size, transport.rank
+        pre, post = self._scales(resp)
+        cdt = ops.compute_dtype(resp.dtype)
+        splits = [split_rows(shape[0], size) for shape in resp.shapes]
+        rows = [_row_elems(shape) for shape in resp.shapes]
+        counts = [sum(sp[p] * r for sp, r in zip(splits, rows)) for p in range(size)]
+        send = self.fusion.get(sum(counts), cdt)
+        # Lay out rank p's block as the concatenation of every tensor's p-th slice.
+        offset = 0
+        for p in range(size):
+            for entry, shape, sp, r in zip(entries, resp.shapes, splits, rows):
+                n = sp[p] * r
+                start = sum(sp[:p]) * r
+                src = None if entry is None else _flat(entry.tensor)[start:start + n]
+                if src is None:
+                    send[offset:offset + n] = 0
+                elif resp.dtype == ops.BFLOAT16:
+                    ops.bf16_to_f32(src, send[offset:offset + n])
+                else:
+                    np.copyto(send[offset:offset + n], src, casting="no")
+                offset += n
+        ops.scale_inplace(send, pre)
+        recv = np.empty(counts[me], dtype=cdt)
+        transport.reducescatter(send, recv, counts, ops.TRANSPORT_OP[resp.op])
+        ops.scale_inplace(recv, post)
+        results: List[object] = []
+        offset = 0
+        for entry, shape, sp, r in zip(entries, resp.shapes, splits, rows):
+            n = sp[me] * r
+            out_shape = (sp[me],) + tuple(shape[1:])
+            if entry is None:
+                results.append(None)
+            else:
+                entry.output = None
+                results.append(self._stage_out(recv[offset:offset + n], entry, out_shape, resp.dtype))
+            offset += n
+        return results
+
+    # -- data movement --------------------------------------------------------------------------------
+    def _allgather(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        transport = self.transport_for(resp.process_set)
+        size, me = transport.size, transport.rank
+        sdt = ops.storage_dtype(resp.dtype)
+        rows = [_row_elems(shape) for shape in resp.shapes]
+        outputs = [np.empty((sum(dims),) + tuple(shape[1:]), dtype=sdt)
+                   for shape, dims in zip(resp.shapes, resp.first_dims)]
+        if len(entries) == 1:
+            counts = [d * rows[0] for d in resp.first_dims[0]]
+            transport.allgatherv(_flat(entries[0].tensor), _flat(outputs[0]), counts)
+            return outputs
+        counts = [sum(dims[p] * r for dims, r in zip(resp.first_dims, rows)) for p in range(size)]
+        send = self.fusion.get(counts[me], sdt)
+        offset = 0
+        for entry, dims, r in zip(entries, resp.first_dims, rows):
+            n = dims[me] * r
+            np.copyto(send[offset:offset + n], _flat(entry.tensor), casting="no")
+            offset += n
+        recv = np.empty(sum(counts), dtype=sdt)
+        transport.allgatherv(send, recv, counts)
+        offset = 0
+        cursors = [0] * len(outputs)
+        for p in range(size):
+            for i, (dims, r) in enumerate(zip(resp.first_dims, rows)):
+                n = dims[p] * r
+                _flat(outputs[i])[cursors[i]:cursors[i] + n] = recv[offset:offset + n]
+                cursors[i] += n
+                offset += n
+        return outputs
+
+    def _broadcast(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        transport = self.transport_for(resp.process_set)
+        root = list(self.set_ranks[resp.process_set]).index(resp.root)
+        sdt = ops.storage_dtype(resp.dtype)
+        for entry in entries:
+            if entry.output is None:
+                entry.output = np.empty_like(entry.tensor)
+            if entry.output is not entry.tensor and transport.rank == root:
+                np.copyto(entry.output, entry.tensor, casting="no")
+        if len(entries) == 1:
+            transport.broadcast(_flat(entries[0].output), root)
+            return [entries[0].output]
+        counts = [prod(s) for s in resp.shapes]
+        buf = self.fusion.get(sum(counts), sdt)
+        offset = 0
+        if transport.rank == root:
+            for entry, n in zip(entries, counts):
+                np.copyto(buf[offset:offset + n], _flat(entry.output), casting="no")
+                offset += n
+        transport.broadcast(buf, root)
+        offset = 0
+        for entry, n in zip(entries, counts):
+            np.copyto(_flat(entry.output), buf[offset:offset + n], casting="no")
+            offset += n
+        return [e.output for e in entries]
+
+    def _alltoall(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        transport = self.transport_for(resp.process_set)
+        me = transport.rank
+        sdt = ops.storage_dtype(resp.dtype)
+        results: List[object] = []
+        for entry, matrix in zip(entries, resp.splits):
+            shape = entry.tensor.shape
+            r = _row_elems(shape)
+            send_rows = matrix[me]
+            recv_rows = [matrix[p][me] for p in range(transport.size)]
+            out = np.empty((sum(recv_rows),) + tuple(shape[1:]), dtype=sdt)
+            transport.alltoallv(_flat(entry.tensor), [s * r for s in send_rows], _flat(out),
+                                [s * r for s in recv_rows])
+            results.append((out, np.asarray(recv_rows, dtype=np.int32)))
+        return results

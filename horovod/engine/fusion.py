@@ -1,0 +1,66 @@
+"""Tensor fusion planning: merge ready responses into as few collectives as the threshold allows.
+
+Pure function, no I/O.  Consecutive allreduce-like responses that agree on process set, kind, dtype, op and
+scale factors are merged while their total size stays within the fusion threshold.  Order is preserved, so
+every rank, planning from the same list, gets the same plan.
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import List, Sequence
+
+from horovod.engine import ops
+from horovod.engine.messages import Response
+
+FUSIBLE = (ops.ALLREDUCE, ops.REDUCESCATTER, ops.ALLGATHER, ops.BROADCAST)
+
+
+def response_bytes(resp: Response) -> int:
+    """Bytes the response moves through the fusion buffer on one rank (reduction dtype for bfloat16)."""
+    itemsize = ops.compute_dtype(resp.dtype).itemsize
+    if resp.kind == ops.ALLGATHER:
+        total = 0
+        for shape, dims in zip(resp.shapes, resp.first_dims):
+            row = prod(shape[1:]) if len(shape) > 1 else 1
+            total += sum(dims) * row
+        return total * itemsize
+    return sum(prod(s) for s in resp.shapes) * itemsize
+
+
+def _key(resp: Response):
+    return (resp.kind, resp.process_set, resp.dtype, resp.op, resp.root, resp.prescale, resp.postscale,
+            resp.joined)
+
+
+def plan(ready: Sequence[Response], threshold: int) -> List[Response]:
+    """Merge fusible neighbours of ``ready`` into fused responses of at most ``threshold`` bytes.
+
+    Args:
+        ready: responses in execution order.
+        threshold: fusion buffer size in bytes; 0 disables fusion.
+
+    Returns:
+        The responses to execute, in order.  A single response larger than the threshold stays alone.
+    """
+    out: List[Response] = []
+    current = None
+    current_bytes = 0
+    for resp in ready:
+        size = response_bytes(resp) if resp.kind in FUSIBLE else 0
+        if (threshold > 0 and current is not None and resp.kind in FUSIBLE and _key(resp) == _key(current)
+                and current_bytes + size <= threshold):
+            current.names.extend(resp.names)
+            current.shapes.extend(resp.shapes)
+            current.first_dims.extend(resp.first_dims)
+            current_bytes += size
+            continue
+        current = None
+        if resp.kind in FUSIBLE and threshold > 0 and size <= threshold:
+            current = Response(resp.kind, list(resp.names), resp.process_set, resp.dtype, resp.op, resp.root,
+                               resp.prescale, resp.postscale, list(resp.shapes), list(resp.first_dims),
+                               list(resp.splits), resp.error, resp.joined, resp.last_joined, resp.payload)
+            current_bytes = size
+            out.append(current)
+        else:
+            out.append(resp)
+    return out

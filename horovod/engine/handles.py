@@ -1,0 +1,123 @@
+"""Asynchronous handles and the per-tensor entries the background thread works on."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from horovod.engine.messages import Request
+
+
+class Handle:
+    """Completion of one enqueued operation (one tensor, or a whole group).
+
+    The background thread fills :attr:`results` slot by slot; the handle completes when every slot is
+    filled or the first error arrives.
+    """
+
+    __slots__ = ("_event", "_lock", "_remaining", "results", "error", "names", "finalize")
+
+    def __init__(self, count: int, names: List[str], finalize: Optional[Callable[[List[Any]], Any]] = None):
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._remaining = count
+        self.results: List[Any] = [None] * count
+        self.error: Optional[BaseException] = None
+        self.names = names
+        self.finalize = finalize
+        if count == 0:
+            self._event.set()
+
+    def done(self) -> bool:
+        """True once the operation completed (successfully or not)."""
+        return self._event.is_set()
+
+    def complete(self, index: int, value: Any) -> None:
+        with self._lock:
+            self.results[index] = value
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = error
+            self._event.set()
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Block until done; return the result (a single value, or the list for groups).
+
+        Raises:
+            TimeoutError: not done within ``timeout`` seconds.
+            HorovodInternalError: the collective failed (mismatch, peer failure, shutdown).
+        """
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"collective {self.names[:3]} did not complete within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        if self.finalize is not None:
+            return self.finalize(self.results)
+        return self.results
+
+
+@dataclass
+class Entry:
+    """One tensor of an enqueued operation, as the background thread sees it.
+
+    Attributes:
+        request: what is sent to the coordinator.
+        tensor: the input array (C-contiguous; bfloat16 as uint16).
+        output: where the result goes (may be ``tensor`` for in-place ops); ``None`` to let the engine allocate.
+        handle: the handle to complete.
+        index: this tensor's slot in the handle.
+    """
+
+    request: Request
+    tensor: Optional[np.ndarray]
+    output: Optional[np.ndarray]
+    handle: Handle
+    index: int = 0
+
+
+class HandleTable:
+    """Integer handles for bindings whose API passes ints around (``poll(handle)``, ``synchronize(handle)``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._handles: dict = {}
+
+    def add(self, handle: Handle, wrap: Optional[Callable[[Any], Any]] = None) -> int:
+        with self._lock:
+            key = self._next
+            self._next += 1
+            self._handles[key] = (handle, wrap)
+            return key
+
+    def poll(self, key: int) -> bool:
+        with self._lock:
+            item = self._handles.get(key)
+        if item is None:
+            raise ValueError(f"Handle {key} was not created or has been cleared.")
+        return item[0].done()
+
+    def synchronize(self, key: int) -> Any:
+        """Wait for ``key`` and return its (wrapped) result; unknown handles give ``None``."""
+        with self._lock:
+            item = self._handles.get(key)
+        if item is None:
+            return None
+        handle, wrap = item
+        try:
+            result = handle.wait()
+        finally:
+            with self._lock:
+                self._handles.pop(key, None)
+        return wrap(result) if wrap is not None else result
+
+    def clear(self) -> None:
+        with self._lock:
+            self._handles.clear()

@@ -1,0 +1,101 @@
+"""What ranks tell the coordinator (requests) and what it tells them back (responses).
+
+Both travel pickled over authenticated control connections.  They are plain data: no tensors, only the
+metadata the coordinator needs to check that ranks agree and to plan one execution order for everyone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+
+@dataclass
+class Request:
+    """One rank's announcement that a named collective is ready on its side.
+
+    Attributes:
+        rank: global rank of the sender.
+        name: the tensor name (matches requests across ranks).
+        kind: request kind (ops.ALLREDUCE, ...).
+        dtype: engine dtype name.
+        shape: the tensor's shape on this rank.
+        op: reduce op (ops.Sum, ...), for reductions.
+        root: root rank (global) for broadcast.
+        prescale, postscale: scale factors for reductions.
+        process_set: id of the process set.
+        group: (group id, group size) for grouped ops, else None.
+        splits: for alltoall, rows sent to each member of the set.
+        payload: extra data (process-set ranks for ADD_PROCESS_SET).
+    """
+
+    rank: int
+    name: str
+    kind: int
+    dtype: str = "float32"
+    shape: Tuple[int, ...] = ()
+    op: int = 1
+    root: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    process_set: int = 0
+    group: Optional[Tuple[int, int]] = None
+    splits: Optional[Tuple[int, ...]] = None
+    payload: object = None
+
+
+@dataclass
+class Response:
+    """An instruction every member of a process set executes, in the order the coordinator sent them.
+
+    Attributes:
+        kind: request kind, or ``ERROR``.
+        names: tensors covered (several when fused).
+        process_set: id of the process set.
+        dtype, op, root, prescale, postscale: shared parameters of the tensors.
+        shapes: the agreed shape of each tensor (joined ranks allocate zeros from it).
+        first_dims: per tensor, the first dimension each member sent (allgather).
+        splits: per tensor, the split matrix ``splits[src][dst]`` in rows (alltoall).
+        error: the message every rank raises (kind ERROR).
+        joined: ranks of the set that had joined when this was planned (they contribute zeros).
+        last_joined: the rank that joined last (JOIN responses).
+        payload: extra data (id of a new process set).
+    """
+
+    kind: int
+    names: List[str]
+    process_set: int = 0
+    dtype: str = "float32"
+    op: int = 1
+    root: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    shapes: List[Tuple[int, ...]] = field(default_factory=list)
+    first_dims: List[List[int]] = field(default_factory=list)
+    splits: List[List[List[int]]] = field(default_factory=list)
+    error: Optional[str] = None
+    joined: Tuple[int, ...] = ()
+    last_joined: int = -1
+    payload: object = None
+
+
+ERROR = 8
+SHUTDOWN = 9
+
+
+@dataclass
+class ControlMessage:
+    """One frame on the control plane: requests up, responses down, or a shutdown notice.
+
+    Attributes:
+        requests: new requests (worker → coordinator).
+        responses: planned responses (coordinator → worker).
+        shutdown: the sender is shutting down (or tells everyone to).
+        reason: why, for the error every pending collective gets.
+        params: tuned knob values the coordinator broadcasts (autotune).
+    """
+
+    requests: List[Request] = field(default_factory=list)
+    responses: List[Response] = field(default_factory=list)
+    shutdown: bool = False
+    reason: str = ""
+    params: Optional[Dict[str, object]] = None

@@ -1,0 +1,244 @@
+"""The coordinator's bookkeeping: which named collectives are ready, whether ranks agree, in what order to run.
+
+Pure logic, no I/O: :class:`Coordinator` takes :class:`Request` objects as they arrive from ranks and hands back
+:class:`Response` objects in the one order every rank will execute them.  A tensor is ready when every member of
+its process set that has not joined has submitted it.  Disagreements (dtype, shape, op, root, scale factors)
+become ERROR responses delivered to every rank — never a hang.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from horovod.engine import ops
+from horovod.engine.messages import ERROR, Request, Response
+
+REDUCTIONS = (ops.ALLREDUCE, ops.ADASUM, ops.REDUCESCATTER)
+
+
+@dataclass
+class _Pending:
+    requests: Dict[int, Request] = field(default_factory=dict)
+    first_seen: float = 0.0
+
+
+@dataclass
+class ProcessSetState:
+    """The coordinator's view of one process set."""
+
+    id: int
+    ranks: Tuple[int, ...]
+    joined: Set[int] = field(default_factory=set)
+    last_joined: int = -1
+    pending: "OrderedDict[str, _Pending]" = field(default_factory=OrderedDict)
+    # group id -> names of that group already ready, waiting for the rest of the group
+    groups: Dict[int, List[str]] = field(default_factory=dict)
+
+    @property
+    def active(self) -> Set[int]:
+        return set(self.ranks) - self.joined
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _mismatch(name: str, sentence: str, a: Request, b: Request) -> str:
+    return f"{sentence} (tensor '{name}': rank {a.rank} vs rank {b.rank})"
+
+
+def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ()) -> Optional[str]:
+    """The error every rank gets when the requests for ``name`` disagree, else ``None``."""
+    first = requests[0]
+    kind_name = ops.KIND_NAMES.get(first.kind, str(first.kind))
+    for other in requests[1:]:
+        if other.kind != first.kind:
+            return _mismatch(name, f"Mismatched operations: One rank did an {kind_name}, but another rank did an "
+                                   f"{ops.KIND_NAMES.get(other.kind, other.kind)}.", first, other)
+    if first.kind in (ops.JOIN, ops.BARRIER):
+        return None
+    for other in requests[1:]:
+        if other.process_set != first.process_set:
+            return _mismatch(name, f"Mismatched process sets: One rank used process set {first.process_set}, "
+                                   f"but another rank used process set {other.process_set}.", first, other)
+        if other.dtype != first.dtype:
+            return _mismatch(name, f"Mismatched data types: One rank had type {first.dtype}, but another rank had "
+                                   f"type {other.dtype}.", first, other)
+    if first.kind in REDUCTIONS or first.kind == ops.BROADCAST:
+        for other in requests[1:]:
+            if tuple(other.shape) != tuple(first.shape):
+                return _mismatch(name, f"Mismatched {kind_name} tensor shapes: One rank sent a tensor of shape "
+                                       f"{_shape_str(first.shape)}, but another rank sent a tensor of shape "
+                                       f"{_shape_str(other.shape)}.", first, other)
+    if first.kind in REDUCTIONS:
+        for other in requests[1:]:
+            if other.op != first.op:
+                return _mismatch(name, f"Mismatched reduction operation: One rank did a "
+                                       f"{ops.OP_NAMES.get(first.op, first.op)} reduction, but another rank did a "
+                                       f"{ops.OP_NAMES.get(other.op, other.op)} reduction.", first, other)
+            if (other.prescale, other.postscale) != (first.prescale, first.postscale):
+                return _mismatch(name, f"Mismatched prescale and/or postscale factors: One rank sent factors "
+                                       f"({first.prescale}, {first.postscale}), but another rank sent factors "
+                                       f"({other.prescale}, {other.postscale}).", first, other)
+    if first.kind == ops.BROADCAST:
+        for other in requests[1:]:
+            if other.root != first.root:
+                return _mismatch(name, f"Mismatched BROADCAST root ranks: One rank specified root rank {first.root}, "
+                                       f"but another rank specified root rank {other.root}.", first, other)
+    if first.kind in (ops.ALLGATHER, ops.ALLTOALL):
+        if first.kind == ops.ALLGATHER:
+            for req in requests:
+                if len(req.shape) == 0:
+                    return (f"Process-set rank {req.rank} tried to ALLGATHER a rank-zero tensor "
+                            f"(tensor '{name}'); allgather needs at least one dimension.")
+        for other in requests[1:]:
+            if len(other.shape) != len(first.shape):
+                return _mismatch(name, f"Mismatched {kind_name} tensor shapes: One rank sent a tensor of rank "
+                                       f"{len(first.shape)}, but another rank sent a tensor of rank "
+                                       f"{len(other.shape)}.", first, other)
+            for dim in range(1, len(first.shape)):
+                if other.shape[dim] != first.shape[dim]:
+                    return _mismatch(name, f"Mismatched {kind_name} tensor shapes: One rank sent a tensor with "
+                                           f"dimension {dim} equal to {first.shape[dim]}, but another rank sent a "
+                                           f"tensor with dimension {dim} equal to {other.shape[dim]}.", first, other)
+    if first.kind in (ops.ADD_PROCESS_SET, ops.REMOVE_PROCESS_SET):
+        for other in requests[1:]:
+            if other.payload != first.payload:
+                verb = "add" if first.kind == ops.ADD_PROCESS_SET else "remove"
+                return _mismatch(name, f"Mismatched {verb}_process_set calls: one rank asked for {first.payload}, "
+                                       f"another for {other.payload}; every rank must make the same calls in the "
+                                       f"same order.", first, other)
+    if set(joined) and first.kind not in (ops.ALLREDUCE, ops.ADASUM):
+        label = {ops.ALLGATHER: "Allgather", ops.BROADCAST: "Broadcast", ops.ALLTOALL: "Alltoall",
+                 ops.REDUCESCATTER: "Reducescatter"}.get(first.kind, kind_name)
+        return (f"{label} is not supported with Join at this time (tensor '{name}': ranks "
+                f"{sorted(set(joined))} have joined).")
+    return None
+
+
+class Coordinator:
+    """Decides readiness, validity and order of collectives for all process sets.
+
+    Args:
+        world_size: number of ranks in the job; process set 0 spans all of them.
+    """
+
+    def __init__(self, world_size: int):
+        self.sets: Dict[int, ProcessSetState] = {0: ProcessSetState(0, tuple(range(world_size)))}
+        self._ready: List[Response] = []
+        self._next_set_id = 1
+
+    # -- process sets ---------------------------------------------------------------------------------
+    def register_set(self, set_id: int, ranks: Sequence[int]) -> None:
+        self.sets[set_id] = ProcessSetState(set_id, tuple(sorted(ranks)))
+        self._next_set_id = max(self._next_set_id, set_id + 1)
+
+    # -- requests -------------------------------------------------------------------------------------
+    def add(self, req: Request, now: Optional[float] = None) -> None:
+        """Record one rank's request; responses become available through :meth:`take_ready`."""
+        now = time.monotonic() if now is None else now
+        pset = self.sets.get(req.process_set)
+        if pset is None:
+            self._ready.append(Response(ERROR, [req.name], req.process_set,
+                                        error=f"Process set {req.process_set} is not registered on the "
+                                              f"coordinator (tensor '{req.name}' from rank {req.rank})."))
+            return
+        if req.kind == ops.JOIN:
+            pset.joined.add(req.rank)
+            pset.last_joined = req.rank
+            self._recheck(pset)
+            if not pset.active:
+                self._ready.append(Response(ops.JOIN, [req.name], pset.id, last_joined=pset.last_joined))
+                pset.joined.clear()
+                pset.last_joined = -1
+            return
+        entry = pset.pending.get(req.name)
+        if entry is None:
+            entry = pset.pending[req.name] = _Pending(first_seen=now)
+        if req.rank in entry.requests:
+            # The enqueue-side check makes this unreachable for well-behaved ranks; say so rather than hang.
+            self._ready.append(Response(ERROR, [req.name], pset.id,
+                                        error=f"Rank {req.rank} submitted '{req.name}' twice before it completed."))
+            return
+        entry.requests[req.rank] = req
+        self._check(pset, req.name)
+
+    def _recheck(self, pset: ProcessSetState) -> None:
+        for name in list(pset.pending):
+            self._check(pset, name)
+
+    def _check(self, pset: ProcessSetState, name: str) -> None:
+        entry = pset.pending.get(name)
+        if entry is None or not pset.active.issubset(entry.requests):
+            return
+        if not entry.requests:
+            return
+        del pset.pending[name]
+        response = self._respond(pset, name, entry)
+        group = next(iter(entry.requests.values())).group
+        if group is None:
+            self._ready.append(response)
+            return
+        gid, gsize = group
+        members = pset.groups.setdefault(gid, [])
+        members.append(response)  # type: ignore[arg-type]
+        if len(members) == gsize:
+            del pset.groups[gid]
+            self._ready.extend(members)  # type: ignore[arg-type]
+
+    def _respond(self, pset: ProcessSetState, name: str, entry: _Pending) -> Response:
+        requests = [entry.requests[r] for r in sorted(entry.requests)]
+        joined = tuple(sorted(pset.joined))
+        error = validate(name, requests, joined)
+        if error is not None:
+            return Response(ERROR, [name], pset.id, error=error)
+        first = requests[0]
+        resp = Response(first.kind, [name], pset.id, dtype=first.dtype, op=first.op, root=first.root,
+                        prescale=first.prescale, postscale=first.postscale, shapes=[tuple(first.shape)],
+                        joined=joined)
+        if first.kind == ops.ALLGATHER:
+            resp.first_dims = [[entry.requests[r].shape[0] for r in pset.ranks]]
+        elif first.kind == ops.ALLTOALL:
+            resp.splits = [[list(entry.requests[r].splits) for r in pset.ranks]]
+            resp.shapes = [tuple(entry.requests[r].shape) for r in pset.ranks][:1]
+        elif first.kind == ops.ADD_PROCESS_SET:
+            ranks = tuple(sorted(first.payload))
+            duplicate = [s.id for s in self.sets.values() if s.ranks == ranks]
+            if duplicate:
+                return Response(ERROR, [name], pset.id,
+                                error=f"A process set with ranks {list(ranks)} is already registered "
+                                      f"(id {duplicate[0]}).")
+            set_id = self._next_set_id
+            self.register_set(set_id, ranks)
+            resp.payload = (set_id, ranks)
+        elif first.kind == ops.REMOVE_PROCESS_SET:
+            removed = self.sets.pop(first.payload, None)
+            resp.payload = (first.payload, removed is not None)
+        return resp
+
+    def take_ready(self) -> List[Response]:
+        """Responses that became ready since the last call, in execution order."""
+        ready, self._ready = self._ready, []
+        return ready
+
+    # -- stall inspection -----------------------------------------------------------------------------
+    def stalled(self, now: float, older_than: float) -> List[Tuple[int, str, List[int], float]]:
+        """``(set id, name, missing ranks, seconds waited)`` for every tensor pending longer than ``older_than``."""
+        out = []
+        for pset in self.sets.values():
+            for name, entry in pset.pending.items():
+                age = now - entry.first_seen
+                if age >= older_than:
+                    missing = sorted(pset.active - set(entry.requests))
+                    out.append((pset.id, name, missing, age))
+        return out
+
+    def fail_stalled(self, now: float, older_than: float, reason: str) -> None:
+        """Turn tensors pending longer than ``older_than`` into ERROR responses."""
+        for set_id, name, missing, age in self.stalled(now, older_than):
+            pset = self.sets[set_id]
+            pset.pending.pop(name, None)
+            self._ready.append(Response(ERROR, [name], set_id,
+                                        error=f"{reason}: '{name}' waited {age:.0f} s for ranks {missing}."))

@@ -1,0 +1,82 @@
+"""Reduce ops, request kinds and dtype rules shared by the engine and every binding."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+# Reduce ops: the integer values of the original's C enum, which scripts pass around as ``hvd.Sum`` etc.
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+OP_NAMES = {Average: "AVERAGE", Sum: "SUM", Adasum: "ADASUM", Min: "MIN", Max: "MAX", Product: "PRODUCT"}
+# What the transport is asked to do for each op (Average = sum then scale; Adasum is engine-level).
+TRANSPORT_OP = {Average: "sum", Sum: "sum", Min: "min", Max: "max", Product: "product"}
+
+# Request kinds (the original's numbering, for timeline names and messages).
+ALLREDUCE, ALLGATHER, BROADCAST, JOIN, ADASUM, ALLTOALL, BARRIER, REDUCESCATTER = range(8)
+ADD_PROCESS_SET, REMOVE_PROCESS_SET = 100, 101
+KIND_NAMES = {ALLREDUCE: "ALLREDUCE", ALLGATHER: "ALLGATHER", BROADCAST: "BROADCAST", JOIN: "JOIN",
+              ADASUM: "ADASUM", ALLTOALL: "ALLTOALL", BARRIER: "BARRIER", REDUCESCATTER: "REDUCESCATTER",
+              ADD_PROCESS_SET: "ADD_PROCESS_SET", REMOVE_PROCESS_SET: "REMOVE_PROCESS_SET"}
+# Name prefixes used for tensor names (also what the timeline shows).
+KIND_PREFIX = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast", ALLTOALL: "alltoall",
+               REDUCESCATTER: "reducescatter", ADASUM: "allreduce", BARRIER: "barrier", JOIN: "join"}
+
+# dtypes the engine moves.  bfloat16 travels as its uint16 bit pattern and is reduced in float32.
+BFLOAT16 = "bfloat16"
+SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64",
+                    "bool", BFLOAT16)
+REDUCIBLE_DTYPES = frozenset(SUPPORTED_DTYPES)
+
+_NUMPY_OF: Dict[str, np.dtype] = {name: np.dtype(name) for name in SUPPORTED_DTYPES if name != BFLOAT16}
+_NUMPY_OF[BFLOAT16] = np.dtype(np.uint16)
+
+
+def dtype_name(array: np.ndarray, override: Optional[str] = None) -> str:
+    """The engine's name for an array's element type (``override`` marks uint16 storage as bfloat16).
+
+    Raises:
+        ValueError: the dtype is not one the engine can move.
+    """
+    name = override or array.dtype.name
+    if name not in _NUMPY_OF:
+        raise ValueError(f"Tensor type {name} is not supported. Supported types: {', '.join(SUPPORTED_DTYPES)}.")
+    return name
+
+
+def storage_dtype(name: str) -> np.dtype:
+    """The numpy dtype holding an engine dtype's bytes."""
+    return _NUMPY_OF[name]
+
+
+def compute_dtype(name: str) -> np.dtype:
+    """The numpy dtype reductions run in (bfloat16 is widened to float32)."""
+    return np.dtype(np.float32) if name == BFLOAT16 else _NUMPY_OF[name]
+
+
+def bf16_to_f32(bits: np.ndarray, out: np.ndarray) -> None:
+    """Widen bfloat16 bit patterns (uint16) into float32 ``out``."""
+    out.view(np.uint32)[...] = bits.astype(np.uint32) << 16
+
+
+def f32_to_bf16(values: np.ndarray, out: np.ndarray) -> None:
+    """Round float32 to the nearest bfloat16 (ties to even) into uint16 ``out``; NaNs stay NaN."""
+    bits = values.view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    rounded = ((bits + rounding) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded[nan] = (bits[nan] >> 16).astype(np.uint16) | np.uint16(0x40)
+    out[...] = rounded
+
+
+def scale_inplace(buf: np.ndarray, factor: float) -> None:
+    """Multiply by ``factor`` in place; integer buffers truncate, as the original does."""
+    if factor == 1.0:
+        return
+    if buf.dtype.kind in "iu":
+        np.multiply(buf, factor, out=buf, casting="unsafe")
+    elif buf.dtype == np.bool_:
+        if factor == 0:
+            buf[...] = False
+    else:
+        np.multiply(buf, buf.dtype.type(factor), out=buf)

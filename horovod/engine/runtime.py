@@ -1,0 +1,411 @@
+"""The background thread: queue → negotiate → fuse → execute → complete handles.
+
+Framework calls only enqueue :class:`Entry` objects and wake the thread through a socketpair.  The thread
+blocks in ``select`` on that socketpair and on the control connections; it never spins.  Rank 0 also runs the
+:class:`Coordinator`: it decides one execution order and sends it to every rank before executing it itself.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import selectors
+import socket
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from horovod.common.exceptions import (HorovodInternalError, MismatchError, PeerFailureError, ShutdownError,
+                                       StallError)
+from horovod.engine import fusion, ops
+from horovod.engine.config import Config
+from horovod.engine.controller import ControlPlane
+from horovod.engine.executor import Executor
+from horovod.engine.handles import Entry
+from horovod.engine.messages import ERROR, ControlMessage, Response
+from horovod.engine.negotiation import Coordinator
+from horovod.engine.timeline import Timeline
+from horovod.transport.base import Transport, TransportError
+from horovod.transport.sockets import PeerError
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an attempt "
+                    "to allreduce, allgather or broadcast a tensor after one of the ranks finished execution. If the "
+                    "shutdown was caused by an exception, you should see the exception in the log before the first "
+                    "shutdown message.")
+
+
+class ProcessSetInfo:
+    """A registered process set as this rank sees it."""
+
+    def __init__(self, set_id: int, ranks: Sequence[int], transport: Optional[Transport]):
+        self.id = set_id
+        self.ranks = tuple(sorted(ranks))
+        self.transport = transport
+
+    def included(self, rank: int) -> bool:
+        return rank in self.ranks
+
+
+class Runtime:
+    """One engine instance (one ``init()``).
+
+    Args:
+        config: resolved knobs.
+        rank, size: this process's place in the world.
+        world: the data-plane transport of the whole job.
+        control: the control plane.
+        static_sets: process sets registered at init, in id order (ids 1, 2, ...).
+    """
+
+    def __init__(self, config: Config, rank: int, size: int, world: Transport, control: ControlPlane,
+                 static_sets: Sequence[Sequence[int]] = ()):
+        self.config = config
+        self.rank, self.size = rank, size
+        self.transport_name = world.name
+        self.rendezvous_server = None   # set when rank 0 serves the rendezvous itself (mpirun launches)
+        self.mpi_comm = None
+        self.world = world
+        self.control = control
+        self.sets: Dict[int, ProcessSetInfo] = {0: ProcessSetInfo(0, range(size), world)}
+        self.coordinator = Coordinator(size) if rank == 0 else None
+        for i, ranks in enumerate(static_sets, start=1):
+            self._register_set(i, ranks)
+        self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for)
+        self.timeline = Timeline.create(config, rank)
+        self._lock = threading.Lock()
+        self._queue: collections.deque = collections.deque()
+        self._inflight: Dict[Tuple[int, str], Entry] = {}
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._dead: Optional[BaseException] = None
+        self._stop_requested = False
+        self._held: List[Response] = []
+        self._held_since = 0.0
+        self._last_stall_check = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> "Runtime":
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the background thread; pending collectives fail with the shutdown error."""
+        with self._lock:
+            self._stop_requested = True
+        self._wake()
+        self._thread.join(timeout)
+        self._close_all()
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and not self._stop_requested
+
+    # -- process sets ---------------------------------------------------------------------------------
+    def _register_set(self, set_id: int, ranks: Sequence[int]) -> ProcessSetInfo:
+        ranks = tuple(sorted(ranks))
+        transport = self.world.subgroup(ranks) if self.rank in ranks else None
+        info = ProcessSetInfo(set_id, ranks, transport)
+        self.sets[set_id] = info
+        if self.coordinator is not None and set_id not in self.coordinator.sets:
+            self.coordinator.register_set(set_id, ranks)
+        if hasattr(self, "executor"):
+            self.executor.set_ranks[set_id] = ranks
+        return info
+
+    def _transport_for(self, set_id: int) -> Transport:
+        return self.sets[set_id].transport
+
+    # -- enqueue (user threads) -----------------------------------------------------------------------
+    def enqueue(self, entries: List[Entry]) -> None:
+        """Queue entries for negotiation.
+
+        Raises:
+            ValueError: a name is already in flight, or this rank is not a member of the process set.
+            HorovodInternalError: the engine has failed or shut down.
+        """
+        with self._lock:
+            if self._dead is not None:
+                raise type(self._dead)(str(self._dead))
+            if self._stop_requested:
+                raise ShutdownError(SHUTDOWN_MESSAGE)
+            keys = []
+            for entry in entries:
+                req = entry.request
+                pset = self.sets.get(req.process_set)
+                if pset is None:
+                    raise ValueError(f"Process set {req.process_set} is not registered (it may have been removed); "
+                                     f"register it with hvd.add_process_set() on every rank first.")
+                if not pset.included(self.rank):
+                    raise ValueError(f"Rank {self.rank} is not a member of the provided process set "
+                                     f"(ranks {list(pset.ranks)}).")
+                key = (req.process_set, req.name)
+                if key in self._inflight or key in keys:
+                    raise ValueError(
+                        f"Requested a collective on tensor name '{req.name}', but a collective with that name is "
+                        f"still in progress on this rank. Wait for it (synchronize) or use a different name.")
+                keys.append(key)
+            for key, entry in zip(keys, entries):
+                self._inflight[key] = entry
+            self._queue.extend(e.request for e in entries)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up byte is already pending (or we are closing)
+
+    # -- background thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        for peer, sock in self.control.peers.items():
+            sel.register(sock, selectors.EVENT_READ, peer)
+        try:
+            while True:
+                events = sel.select(self._select_timeout())
+                readable = []
+                for key, _ in events:
+                    if key.data is None:
+                        try:
+                            while self._wake_r.recv(4096):
+                                pass
+                        except (BlockingIOError, OSError):
+                            pass
+                    else:
+                        readable.append(key.data)
+                with self._lock:
+                    requests = list(self._queue)
+                    self._queue.clear()
+                    stop = self._stop_requested
+                if stop:
+                    self._leave(SHUTDOWN_MESSAGE)
+                    return
+                if self.coordinator is not None:
+                    if not self._coordinate(requests, readable):
+                        return
+                elif not self._follow(requests, readable):
+                    return
+        except (PeerError, TransportError, OSError) as exc:
+            self._die(PeerFailureError(self._describe_failure(exc)), notify=True)
+        except BaseException as exc:  # a bug must fail the handles loudly, not hang them
+            logger.exception("horovod background thread crashed")
+            self._die(HorovodInternalError(f"Horovod background thread crashed: {exc!r}"), notify=True)
+        finally:
+            sel.close()
+
+    def _select_timeout(self) -> Optional[float]:
+        timeouts = []
+        if self._held:
+            timeouts.append(max(0.0, self._held_since + self.config.cycle_time_ms / 1000.0 - time.monotonic()))
+        if self.coordinator is not None and not self.config.stall_check_disable:
+            timeouts.append(max(0.05, self._last_stall_check + self._stall_period() - time.monotonic()))
+        return min(timeouts) if timeouts else None
+
+    def _stall_period(self) -> float:
+        return float(max(1, min(self.config.stall_check_time_seconds,
+                                self.config.stall_shutdown_time_seconds or self.config.stall_check_time_seconds)))
+
+    def _describe_failure(self, exc: BaseException) -> str:
+        return (f"Horovod detected that a peer failed during a collective on rank {self.rank}: {exc}. "
+                f"Check the other ranks' output for the original error; in elastic mode the job will reset.")
+
+    # coordinator side
+    def _coordinate(self, requests, readable) -> bool:
+        coord = self.coordinator
+        now = time.monotonic()
+        for req in requests:
+            self.timeline.negotiate(req, now)
+            coord.add(req, now)
+        for peer in readable:
+            while self.control.has_pending(peer):
+                try:
+                    msg = self.control.recv(peer)
+                except PeerError as exc:
+                    self._die(PeerFailureError(
+                        f"rank {peer} closed its control connection (the process exited or crashed): {exc}. "
+                        f"{SHUTDOWN_MESSAGE}"), notify=True)
+                    return False
+                if msg.shutdown:
+                    reason = msg.reason or SHUTDOWN_MESSAGE
+                    self._die(ShutdownError(reason) if not msg.params else PeerFailureError(reason), notify=True)
+                    return False
+                for req in msg.requests:
+                    self.timeline.negotiate(req, now)
+                    coord.add(req, now)
+        self._inspect_stalls(now)
+        ready = coord.take_ready()
+        if ready:
+            self.timeline.negotiated(ready, now)
+            if self.config.cycle_time_ms > 0:
+                if not self._held:
+                    self._held_since = now
+                self._held.extend(ready)
+                if now - self._held_since < self.config.cycle_time_ms / 1000.0:
+                    return True
+                ready, self._held = self._held, []
+            planned = fusion.plan(ready, self.config.fusion_threshold)
+            failed = self.control.broadcast(ControlMessage(responses=planned))
+            if failed:
+                self._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
+                                           f"{SHUTDOWN_MESSAGE}"), notify=True)
+                return False
+            self._execute_all(planned)
+        elif self._held and now - self._held_since >= self.config.cycle_time_ms / 1000.0:
+            planned = fusion.plan(self._held, self.config.fusion_threshold)
+            self._held = []
+            self.control.broadcast(ControlMessage(responses=planned))
+            self._execute_all(planned)
+        return True
+
+    def _inspect_stalls(self, now: float) -> None:
+        if self.config.stall_check_disable or now - self._last_stall_check < self._stall_period():
+            return
+        self._last_stall_check = now
+        warn_after = self.config.stall_check_time_seconds
+        stalled = self.coordinator.stalled(now, warn_after)
+        if stalled:
+            lines = "\n".join(f"  set {sid} '{name}': waiting {age:.0f} s for ranks {missing}"
+                              for sid, name, missing, age in stalled)
+            logger.warning(
+                "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and "
+                "are waiting for remainder of ranks for more than %d seconds. This may indicate that different "
+                "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
+                "which will cause deadlock.\nMissing ranks:\n%s", warn_after, lines)
+        shutdown_after = self.config.stall_shutdown_time_seconds
+        if shutdown_after and shutdown_after > warn_after:
+            self.coordinator.fail_stalled(now, shutdown_after,
+                                          "Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
+
+    # worker side
+    def _follow(self, requests, readable) -> bool:
+        if requests:
+            self.control.send(0, ControlMessage(requests=requests))
+        if 0 in readable:
+            while self.control.has_pending(0):
+                try:
+                    msg = self.control.recv(0)
+                except PeerError as exc:
+                    self._die(PeerFailureError(
+                        f"the coordinator (rank 0) closed its connection (it exited or crashed): {exc}. "
+                        f"{SHUTDOWN_MESSAGE}"), notify=False)
+                    return False
+                if msg.shutdown:
+                    err = PeerFailureError if msg.params else ShutdownError
+                    self._die(err(msg.reason or SHUTDOWN_MESSAGE), notify=False)
+                    return False
+                self._execute_all(msg.responses)
+        return True
+
+    # execution
+    def _execute_all(self, responses: List[Response]) -> None:
+        for resp in responses:
+            pset = self.sets.get(resp.process_set)
+            if resp.kind == ops.ADD_PROCESS_SET:
+                set_id, ranks = resp.payload
+                self._register_set(set_id, ranks)
+                self._complete(resp, [set_id])
+                continue
+            if resp.kind == ops.REMOVE_PROCESS_SET:
+                set_id, existed = resp.payload
+                info = self.sets.pop(set_id, None)
+                if info is not None and info.transport is not None and info.transport is not self.world:
+                    info.transport.close()
+                self._complete(resp, [existed])
+                continue
+            if resp.kind == ERROR:
+                self._fail_names(resp, MismatchError(resp.error))
+                continue
+            if pset is None or not pset.included(self.rank):
+                continue
+            if resp.kind == ops.JOIN:
+                self._complete(resp, [resp.last_joined])
+                continue
+            with self._lock:
+                entries = [self._inflight.get((resp.process_set, name)) for name in resp.names]
+            self.timeline.start(resp, entries)
+            results = self.executor.execute(resp, entries)
+            self.timeline.end(resp)
+            self._complete(resp, results, entries)
+
+    def _complete(self, resp: Response, results, entries=None) -> None:
+        with self._lock:
+            if entries is None:
+                entries = [self._inflight.get((resp.process_set, name)) for name in resp.names]
+            for name in resp.names:
+                self._inflight.pop((resp.process_set, name), None)
+        for entry, result in zip(entries, results):
+            if entry is not None:
+                entry.handle.complete(entry.index, result)
+
+    def _fail_names(self, resp: Response, error: BaseException) -> None:
+        with self._lock:
+            entries = [self._inflight.pop((resp.process_set, name), None) for name in resp.names]
+        for entry in entries:
+            if entry is not None:
+                entry.handle.fail(error)
+
+    # shutdown / failure
+    def _leave(self, reason: str) -> None:
+        """Orderly shutdown requested on this rank: tell the others, fail what is pending."""
+        if self.coordinator is not None:
+            self.control.broadcast(ControlMessage(shutdown=True, reason=reason))
+        elif 0 in self.control.peers:
+            try:
+                self.control.send(0, ControlMessage(shutdown=True, reason=reason))
+            except PeerError:
+                pass
+        self._fail_pending(ShutdownError(reason))
+
+    def _die(self, error: BaseException, notify: bool) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = error
+        if notify:
+            failure = isinstance(error, PeerFailureError)
+            message = ControlMessage(shutdown=True, reason=str(error), params={"failure": True} if failure else None)
+            if self.coordinator is not None:
+                self.control.broadcast(message)
+            elif 0 in self.control.peers:
+                try:
+                    self.control.send(0, message)
+                except PeerError:
+                    pass
+        self._fail_pending(error)
+        self._close_all()
+
+    def _fail_pending(self, error: BaseException) -> None:
+        with self._lock:
+            entries = list(self._inflight.values())
+            self._inflight.clear()
+            self._queue.clear()
+            if self._dead is None:
+                self._dead = error
+        for entry in entries:
+            entry.handle.fail(type(error)(str(error)))
+
+    def _close_all(self) -> None:
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        self.timeline.close()
+        self.control.close()
+        for info in list(self.sets.values()):
+            if info.transport is not None and info.transport is not self.world:
+                try:
+                    info.transport.close()
+                except Exception:  # closing must not mask the original error
+                    logger.debug("closing a process-set transport failed", exc_info=True)
+        try:
+            self.world.close()
+        except Exception:
+            logger.debug("closing the world transport failed", exc_info=True)
+        if self.rendezvous_server is not None:
+            self.rendezvous_server.stop()
+        for s in (self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass
