@@ -65,6 +65,7 @@ def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, 
              finalize: Optional[Callable] = None) -> Handle:
     runtime = _runtime()
     handle = Handle(len(tensors), list(names), finalize)
+    inline_limit = runtime.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
     entries = []
     for i, tensor in enumerate(tensors):
         tensor = _contiguous(np.asarray(tensor))
@@ -73,6 +74,9 @@ def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, 
                       root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
                       group=(group, len(tensors)) if group is not None else None,
                       splits=tuple(int(s) for s in splits[i]) if splits and splits[i] is not None else None)
+        if tensor.nbytes <= inline_limit:
+            # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
+            req.payload = tensor.tobytes()
         entries.append(Entry(req, tensor, outputs[i] if outputs else None, handle, i))
     runtime.enqueue(entries)
     return handle

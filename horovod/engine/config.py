@@ -127,6 +127,9 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("elastic", bool, False, "HOROVOD_ELASTIC", None, None, "Set by the launcher for elastic jobs."),
     Knob("init_timeout_seconds", int, 120, "HOROVOD_INIT_TIMEOUT_SECONDS", None, None,
          "Seconds init() waits for every rank to reach it (slow imports on busy hosts need headroom)."),
+    Knob("inline_bytes", int, 4096, "HOROVOD_INLINE_BYTES", None, None,
+         "Allreduces of at most this many bytes travel with their request and are reduced by the coordinator "
+         "(one round trip instead of negotiation plus a collective); 0 disables."),
     Knob("small_message_bytes", int, 64 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
          "Below this many bytes collectives use latency-optimal algorithms instead of rings."),
 )

@@ -89,6 +89,8 @@ class Executor:
         """Run ``resp``; returns one result per entry (the output array, or a tuple for alltoall)."""
         kind = resp.kind
         if kind == ops.ALLREDUCE:
+            if resp.payload is not None:
+                return self._inline_result(resp, entries)
             if resp.op == ops.Adasum:
                 return self._adasum(resp, entries)
             return self._allreduce(resp, entries)
@@ -143,6 +145,17 @@ class Executor:
                                                                      resp.dtype))
             offset += n
         return results
+
+    def _inline_result(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        """The coordinator already reduced this tiny tensor: copy its result out."""
+        entry = entries[0]
+        if entry is None:
+            return [None]
+        result = np.frombuffer(resp.payload, dtype=ops.storage_dtype(resp.dtype))
+        if entry.output is None:
+            entry.output = np.empty(resp.shapes[0], dtype=ops.storage_dtype(resp.dtype))
+        np.copyto(_flat(entry.output), result, casting="no")
+        return [entry.output]
 
     def _adasum(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
         """Adasum by recursive doubling: partners exchange vectors and combine them scale-invariantly."""

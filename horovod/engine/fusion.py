@@ -32,6 +32,11 @@ def _key(resp: Response):
             resp.joined)
 
 
+def _fusible(resp: Response) -> bool:
+    # Inline responses already carry their result; fusing would only add copies.
+    return resp.kind in FUSIBLE and resp.payload is None
+
+
 def plan(ready: Sequence[Response], threshold: int) -> List[Response]:
     """Merge fusible neighbours of ``ready`` into fused responses of at most ``threshold`` bytes.
 
@@ -46,8 +51,9 @@ def plan(ready: Sequence[Response], threshold: int) -> List[Response]:
     current = None
     current_bytes = 0
     for resp in ready:
-        size = response_bytes(resp) if resp.kind in FUSIBLE else 0
-        if (threshold > 0 and current is not None and resp.kind in FUSIBLE and _key(resp) == _key(current)
+        fusible = _fusible(resp)
+        size = response_bytes(resp) if fusible else 0
+        if (threshold > 0 and current is not None and fusible and _key(resp) == _key(current)
                 and current_bytes + size <= threshold):
             current.names.extend(resp.names)
             current.shapes.extend(resp.shapes)
@@ -55,7 +61,7 @@ def plan(ready: Sequence[Response], threshold: int) -> List[Response]:
             current_bytes += size
             continue
         current = None
-        if resp.kind in FUSIBLE and threshold > 0 and size <= threshold:
+        if fusible and threshold > 0 and size <= threshold:
             current = Response(resp.kind, list(resp.names), resp.process_set, resp.dtype, resp.op, resp.root,
                                resp.prescale, resp.postscale, list(resp.shapes), list(resp.first_dims),
                                list(resp.splits), resp.error, resp.joined, resp.last_joined, resp.payload)

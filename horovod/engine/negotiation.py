@@ -118,6 +118,40 @@ def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ())
     return None
 
 
+def reduce_inline(requests: Sequence[Request], set_size: int) -> bytes:
+    """Reduce tiny allreduce payloads on the coordinator, with the same arithmetic as the transport path.
+
+    Ranks that joined sent nothing and contribute zeros, which leave a sum unchanged; Average still divides by
+    the whole set's size.
+    """
+    import numpy as np
+
+    from horovod.transport.base import reduce_into
+
+    first = requests[0]
+    dtype = ops.compute_dtype(first.dtype)
+    total = None
+    for req in requests:
+        raw = np.frombuffer(req.payload, dtype=ops.storage_dtype(first.dtype))
+        if first.dtype == ops.BFLOAT16:
+            value = np.empty(raw.size, dtype=np.float32)
+            ops.bf16_to_f32(raw, value)
+        else:
+            value = raw.copy()
+        ops.scale_inplace(value, first.prescale)
+        if total is None:
+            total = value
+        else:
+            reduce_into(total, value, ops.TRANSPORT_OP[first.op])
+    post = first.postscale / set_size if first.op == ops.Average else first.postscale
+    ops.scale_inplace(total, post)
+    if first.dtype == ops.BFLOAT16:
+        out = np.empty(total.size, dtype=np.uint16)
+        ops.f32_to_bf16(total, out)
+        total = out
+    return total.tobytes()
+
+
 class Coordinator:
     """Decides readiness, validity and order of collectives for all process sets.
 
@@ -198,7 +232,9 @@ class Coordinator:
         resp = Response(first.kind, [name], pset.id, dtype=first.dtype, op=first.op, root=first.root,
                         prescale=first.prescale, postscale=first.postscale, shapes=[tuple(first.shape)],
                         joined=joined)
-        if first.kind == ops.ALLGATHER:
+        if first.kind == ops.ALLREDUCE and all(isinstance(r.payload, bytes) for r in requests):
+            resp.payload = reduce_inline(requests, len(pset.ranks))
+        elif first.kind == ops.ALLGATHER:
             resp.first_dims = [[entry.requests[r].shape[0] for r in pset.ranks]]
         elif first.kind == ops.ALLTOALL:
             resp.splits = [[list(entry.requests[r].splits) for r in pset.ranks]]
