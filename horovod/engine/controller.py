@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
+import struct
+import threading
 import time
 from typing import Dict, List, Optional
 
@@ -30,6 +32,9 @@ class ControlPlane:
     def __init__(self, rank: int, size: int, peers: Dict[int, socket.socket], listener=None):
         self.rank, self.size, self.peers = rank, size, peers
         self._listener = listener
+        self._readers = {peer: FrameReader(sock, f"rank {peer}") for peer, sock in peers.items()}
+        # User threads (requests) and the background thread (shutdown notices) both send: frames must not mix.
+        self._send_locks = {peer: threading.Lock() for peer in peers}
 
     @property
     def is_coordinator(self) -> bool:
@@ -94,7 +99,11 @@ class ControlPlane:
         self.send_bytes(peer, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     def send_bytes(self, peer: int, payload: bytes) -> None:
-        sockets.send_frame(self.peers[peer], payload, peer=f"rank {peer}")
+        sock = self.peers.get(peer)
+        if sock is None:
+            raise PeerError(f"no control connection to rank {peer} (it was closed)", peer=peer)
+        with self._send_locks[peer]:
+            sockets.send_frame(sock, payload, peer=f"rank {peer}")
 
     def broadcast(self, message: ControlMessage) -> List[int]:
         """Send ``message`` to every worker; returns the ranks that could not be reached."""
@@ -107,21 +116,17 @@ class ControlPlane:
                 failed.append(peer)
         return failed
 
-    def recv(self, peer: int) -> ControlMessage:
-        return pickle.loads(sockets.recv_frame(self.peers[peer], peer=f"rank {peer}"))
+    def receive(self, peer: int) -> List[ControlMessage]:
+        """Every complete message ``peer`` has sent so far (call when its socket is readable).
 
-    def has_pending(self, peer: int) -> bool:
-        """True when a frame (or EOF) from ``peer`` can be read without blocking."""
-        import select
-
-        sock = self.peers.get(peer)
-        if sock is None:
-            return False
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable)
+        Raises:
+            PeerError: the peer closed the connection or the stream is corrupt.
+        """
+        return [pickle.loads(frame) for frame in self._readers[peer].read_available()]
 
     def drop(self, peer: int) -> None:
         sock = self.peers.pop(peer, None)
+        self._readers.pop(peer, None)
         sockets.maybe_close(sock)
 
     def close(self) -> None:
@@ -134,3 +139,39 @@ class ControlPlane:
             if s is sock:
                 return peer
         return None
+
+
+class FrameReader:
+    """Reads length-prefixed frames from a socket without blocking for more than what has arrived.
+
+    One ``recv`` drains whatever the kernel holds, so a burst of requests costs one system call, not two per
+    frame.  A partial frame stays buffered until the rest arrives.
+    """
+
+    _LEN = struct.Struct("<Q")
+
+    def __init__(self, sock: socket.socket, peer: str):
+        self.sock, self.peer = sock, peer
+        self._buf = bytearray()
+
+    def read_available(self) -> List[bytes]:
+        try:
+            chunk = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            chunk = None
+        except OSError as exc:
+            raise PeerError(f"control connection to {self.peer} failed: {exc}", peer=self.peer) from exc
+        if chunk is not None:
+            if not chunk:
+                raise PeerError(f"{self.peer} closed the control connection (the process exited or crashed)",
+                                peer=self.peer)
+            self._buf += chunk
+        frames = []
+        header = self._LEN.size
+        while len(self._buf) >= header:
+            (n,) = self._LEN.unpack_from(self._buf)
+            if len(self._buf) < header + n:
+                break
+            frames.append(bytes(self._buf[header:header + n]))
+            del self._buf[:header + n]
+        return frames

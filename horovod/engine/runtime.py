@@ -148,8 +148,23 @@ class Runtime:
                 keys.append(key)
             for key, entry in zip(keys, entries):
                 self._inflight[key] = entry
-            self._queue.extend(e.request for e in entries)
-        self._wake()
+            if self.coordinator is not None or self.size == 1:
+                self._queue.extend(e.request for e in entries)
+                direct = None
+            else:
+                direct = [e.request for e in entries]
+        if direct is None:
+            self._wake()
+            return
+        # Workers talk to the coordinator straight from the calling thread: no hand-off to the background
+        # thread on the latency-critical path.  The background thread only executes what comes back.
+        try:
+            self.control.send(0, ControlMessage(requests=direct))
+        except PeerError as exc:
+            with self._lock:
+                for entry in entries:
+                    self._inflight.pop((entry.request.process_set, entry.request.name), None)
+            raise PeerFailureError(f"cannot reach the coordinator (rank 0): {exc}. {SHUTDOWN_MESSAGE}") from exc
 
     def _wake(self) -> None:
         try:
@@ -220,14 +235,14 @@ class Runtime:
             self.timeline.negotiate(req, now)
             coord.add(req, now)
         for peer in readable:
-            while self.control.has_pending(peer):
-                try:
-                    msg = self.control.recv(peer)
-                except PeerError as exc:
-                    self._die(PeerFailureError(
-                        f"rank {peer} closed its control connection (the process exited or crashed): {exc}. "
-                        f"{SHUTDOWN_MESSAGE}"), notify=True)
-                    return False
+            try:
+                messages = self.control.receive(peer)
+            except PeerError as exc:
+                self._die(PeerFailureError(
+                    f"rank {peer} closed its control connection (the process exited or crashed): {exc}. "
+                    f"{SHUTDOWN_MESSAGE}"), notify=True)
+                return False
+            for msg in messages:
                 if msg.shutdown:
                     reason = msg.reason or SHUTDOWN_MESSAGE
                     self._die(ShutdownError(reason) if not msg.params else PeerFailureError(reason), notify=True)
@@ -239,24 +254,18 @@ class Runtime:
         ready = coord.take_ready()
         if ready:
             self.timeline.negotiated(ready, now)
-            if self.config.cycle_time_ms > 0:
-                if not self._held:
-                    self._held_since = now
-                self._held.extend(ready)
-                if now - self._held_since < self.config.cycle_time_ms / 1000.0:
-                    return True
-                ready, self._held = self._held, []
-            planned = fusion.plan(ready, self.config.fusion_threshold)
+            if not self._held:
+                self._held_since = now
+            self._held.extend(ready)
+        # A positive cycle time holds ready tensors a little, so more of them can be fused together.
+        if self._held and now - self._held_since >= self.config.cycle_time_ms / 1000.0:
+            planned = fusion.plan(self._held, self.config.fusion_threshold)
+            self._held = []
             failed = self.control.broadcast(ControlMessage(responses=planned))
             if failed:
                 self._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
                                            f"{SHUTDOWN_MESSAGE}"), notify=True)
                 return False
-            self._execute_all(planned)
-        elif self._held and now - self._held_since >= self.config.cycle_time_ms / 1000.0:
-            planned = fusion.plan(self._held, self.config.fusion_threshold)
-            self._held = []
-            self.control.broadcast(ControlMessage(responses=planned))
             self._execute_all(planned)
         return True
 
@@ -284,14 +293,14 @@ class Runtime:
         if requests:
             self.control.send(0, ControlMessage(requests=requests))
         if 0 in readable:
-            while self.control.has_pending(0):
-                try:
-                    msg = self.control.recv(0)
-                except PeerError as exc:
-                    self._die(PeerFailureError(
-                        f"the coordinator (rank 0) closed its connection (it exited or crashed): {exc}. "
-                        f"{SHUTDOWN_MESSAGE}"), notify=False)
-                    return False
+            try:
+                messages = self.control.receive(0)
+            except PeerError as exc:
+                self._die(PeerFailureError(
+                    f"the coordinator (rank 0) closed its connection (it exited or crashed): {exc}. "
+                    f"{SHUTDOWN_MESSAGE}"), notify=False)
+                return False
+            for msg in messages:
                 if msg.shutdown:
                     err = PeerFailureError if msg.params else ShutdownError
                     self._die(err(msg.reason or SHUTDOWN_MESSAGE), notify=False)
