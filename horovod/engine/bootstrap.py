@@ -6,11 +6,14 @@ this host, hierarchical shared memory + TCP when the job spans hosts, TCP as the
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import secrets
 from typing import Optional, Sequence
 
+from horovod.engine import config as _config
+from horovod.engine import membership
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.runtime import Runtime
@@ -106,7 +109,7 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
             raise InitError("this process was started by mpirun but mpi4py is not installed; "
                             "`pip install mpi4py` (or horovod-next[mpi]), or launch with horovodrun") from exc
         mpi_comm = MPI.COMM_WORLD
-    if size == 1:
+    if size == 1 and not (config.elastic and topo.rendezvous_addr):
         return Runtime(config, 0, 1, LocalTransport(), ControlPlane(0, 1, {}), process_sets).start()
 
     timeout = float(max(config.init_timeout_seconds, config.gloo_timeout_seconds))
@@ -130,6 +133,16 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
             f"this process was not started by mpirun; launch the script with `horovodrun -np {size} ...`")
 
     scope = f"g{generation}"
+    epoch = None
+    if config.elastic:
+        config, epoch = _join_elastic_epoch(config, store, timeout)
+        topo = config.topology
+        rank, size = topo.rank, topo.size
+        scope = f"e{epoch.epoch}"
+        if size == 1:
+            runtime = Runtime(config, 0, 1, LocalTransport(), ControlPlane(0, 1, {}), process_sets)
+            runtime.store, runtime.epoch = store, epoch
+            return runtime.start()
     control = ControlPlane.connect(rank, size, store, scope + "-ctl", secret, bind_addr, timeout)
     name = choose_transport(config, mpi_comm)
     factory = _load_transport(name)
@@ -152,4 +165,28 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
     runtime.transport_name = name
     runtime.rendezvous_server = rendezvous_server
     runtime.mpi_comm = mpi_comm
+    runtime.store, runtime.epoch = store, epoch
     return runtime.start()
+
+
+_last_epoch = -1
+
+
+def _join_elastic_epoch(config: Config, store, timeout: float):
+    """Wait for the elastic driver to place this worker in a new epoch; returns the updated config."""
+    global _last_epoch
+    topo = config.topology
+    worker_id = topo.elastic_worker_id or f"{topo.hostname}:{topo.local_rank}"
+    _config.set_environ("HOROVOD_ELASTIC_WORKER_ID", worker_id)
+    wait = float(max(timeout, config.elastic_timeout_seconds))
+    a = membership.wait_for_assignment(store, worker_id, _last_epoch, wait)
+    _last_epoch = a.epoch
+    # Later readers of the environment (user code, child processes) see the new layout, as in the original.
+    for name, value in (("HOROVOD_RANK", a.rank), ("HOROVOD_SIZE", a.size), ("HOROVOD_LOCAL_RANK", a.local_rank),
+                        ("HOROVOD_LOCAL_SIZE", a.local_size), ("HOROVOD_CROSS_RANK", a.cross_rank),
+                        ("HOROVOD_CROSS_SIZE", a.cross_size), ("HOROVOD_HOSTNAME", a.hostname)):
+        _config.set_environ(name, str(value))
+    topology = dataclasses.replace(topo, rank=a.rank, size=a.size, local_rank=a.local_rank,
+                                   local_size=a.local_size, cross_rank=a.cross_rank, cross_size=a.cross_size,
+                                   hostname=a.hostname, elastic_worker_id=worker_id)
+    return dataclasses.replace(config, topology=topology), a

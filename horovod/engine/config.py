@@ -125,6 +125,8 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("disable_group_fusion", bool, False, "HOROVOD_DISABLE_GROUP_FUSION", None, None,
          "Fuse each explicit group on its own."),
     Knob("elastic", bool, False, "HOROVOD_ELASTIC", None, None, "Set by the launcher for elastic jobs."),
+    Knob("elastic_timeout_seconds", int, 600, "HOROVOD_ELASTIC_TIMEOUT", None, None,
+         "Elastic jobs: seconds to wait for enough slots (min-np) after a change before failing."),
     Knob("init_timeout_seconds", int, 120, "HOROVOD_INIT_TIMEOUT_SECONDS", None, None,
          "Seconds init() waits for every rank to reach it (slow imports on busy hosts need headroom)."),
     Knob("inline_bytes", int, 4096, "HOROVOD_INLINE_BYTES", None, None,
@@ -178,6 +180,7 @@ class Topology:
     secret: Optional[bytes] = None
     iface: str = ""
     launched_by: str = "none"   # 'horovodrun', 'mpirun' or 'none'
+    elastic_worker_id: str = ""  # stable identity of an elastic worker across resets
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,7 @@ def topology_from_env(env: Mapping[str, str]) -> Topology:
         secret=bytes.fromhex(secret_hex) if secret_hex else None,
         iface=env.get("HOROVOD_GLOO_IFACE", ""),
         launched_by=launched_by,
+        elastic_worker_id=env.get("HOROVOD_ELASTIC_WORKER_ID", ""),
     )
 
 

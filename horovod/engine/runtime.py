@@ -65,6 +65,8 @@ class Runtime:
         self.transport_name = world.name
         self.rendezvous_server = None   # set when rank 0 serves the rendezvous itself (mpirun launches)
         self.mpi_comm = None
+        self.store = None   # the rendezvous store (elastic host-update checks)
+        self.epoch = None   # elastic epoch this engine belongs to
         self.world = world
         self.control = control
         self.sets: Dict[int, ProcessSetInfo] = {0: ProcessSetInfo(0, range(size), world)}

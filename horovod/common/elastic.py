@@ -1,0 +1,143 @@
+"""Elastic training on the worker side: state that survives resets, and the retry loop around training.
+
+``run_fn`` wraps a training function.  When a collective fails (a peer died) the last committed state is
+restored; when hosts were added or removed the current state is kept.  Either way the engine is shut down and
+re-initialised with the new membership, and the state is then *always* synchronised from the new rank 0 — a
+reset never skips that step, so survivors and newcomers always agree on what was committed.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from typing import Any, Callable, Dict, List, Optional
+
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+logger = logging.getLogger(__name__)
+
+
+class State:
+    """Base of every elastic state.
+
+    Args:
+        bcast_object: ``fn(obj, root_rank=0) -> obj`` of the binding.
+        get_rank: ``fn() -> int`` of the binding.
+    """
+
+    def __init__(self, bcast_object: Callable, get_rank: Callable[[], int]):
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._reset_callbacks: List[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
+        """Functions called after every reset (e.g. to rescale the learning rate to the new size)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
+        """Kept for compatibility; host changes are read from the driver in :meth:`check_host_updates`."""
+
+    def commit(self) -> None:
+        """Save the state in memory (the point a failure rolls back to), then check for host changes."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise :class:`HostsUpdatedInterrupt` on every rank together when the driver changed the hosts.
+
+        Rank 0 asks the driver and broadcasts the answer, so all ranks decide the same way.
+        """
+        from horovod.common import basics
+        from horovod.engine import membership
+
+        runtime = basics.runtime()
+        if runtime.epoch is None:
+            return
+        info = None
+        if basics.rank() == 0:
+            info = membership.hosts_version(runtime.store)
+        info = self._bcast_object(info, root_rank=0) if basics.size() > 1 else info
+        if info["version"] > runtime.epoch.hosts_version:
+            raise HostsUpdatedInterrupt(bool(info.get("removal_only", False)))
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Hook for subclasses (e.g. re-partition a sampler); called after each reset."""
+
+
+class ObjectState(State):
+    """State made of plain Python values, given as keyword arguments and kept as attributes.
+
+    ``sync()`` broadcasts them from rank 0; ``save()`` / ``restore()`` keep a deep copy in memory.
+    """
+
+    def __init__(self, bcast_object: Callable, get_rank: Callable[[], int], **kwargs: Any):
+        self._saved_state: Dict[str, Any] = kwargs
+        self._set_attrs()
+        super().__init__(bcast_object, get_rank)
+
+    def _set_attrs(self) -> None:
+        for attr, value in self._saved_state.items():
+            setattr(self, attr, value)
+
+    def save(self) -> None:
+        self._saved_state = {attr: copy.deepcopy(getattr(self, attr)) for attr in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+
+def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
+    """Wrap ``func(state, *args, **kwargs)`` in the elastic retry loop.
+
+    Args:
+        func: the training function; its first argument is the :class:`State`.
+        reset: re-initialises the engine with the new membership (``shutdown(); init()``).
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any):
+        from horovod.common import basics
+
+        resets = 0
+        while True:
+            try:
+                state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError as exc:
+                logger.warning("elastic: collective failed (%s); restoring the last commit", exc)
+                state.restore()
+            except HostsUpdatedInterrupt:
+                logger.info("elastic: hosts changed; resetting with the current state")
+            resets += 1
+            reset()
+            logger.info("elastic: reset %d done: rank %d of %d", resets, basics.rank(), basics.size())
+            state.on_reset()
+
+    return wrapper
+
+
+def default_reset() -> None:
+    """Shut the engine down and join the driver's next epoch."""
+    from horovod.common import basics
+
+    basics.shutdown()
+    basics.init()

@@ -1,0 +1,121 @@
+"""One static job with the built-in (Gloo-style) controller: secret, rendezvous store, workers, outcome.
+
+Shared by ``horovodrun`` (:mod:`horovod.runner.launch`) and the Python API (:mod:`horovod.runner.api`).
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import subprocess
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from horovod.engine import config
+from horovod.runner.exec import DEFAULT_GRACE_SECONDS, WorkerExit, WorkerSpec, run_workers
+from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
+from horovod.runner.output import OutputSink
+from horovod.runner.rendezvous import MemoryStore, RendezvousServer
+
+logger = logging.getLogger(__name__)
+
+#: Address the single-host rendezvous store binds to: never wider than the job needs.
+LOCAL_RENDEZVOUS_HOST = "127.0.0.1"
+
+Command = Union[Sequence[str], Callable[[str, int], Sequence[str]]]
+
+
+@dataclass
+class JobSettings:
+    """Everything a static job needs, resolved from flags / API arguments.
+
+    Attributes:
+        num_proc: processes to start (exactly this many, see :func:`get_host_assignments`).
+        hosts: hosts in rank order.
+        command: argv of every worker, or a function of the rendezvous ``(addr, port)`` returning it.
+        knob_env: ``HOROVOD_*`` tuning variables from flags and the config file.
+        nics: network interfaces the job should use (first one → ``HOROVOD_GLOO_IFACE``).
+        output_dir: per-rank output directory (``--output-filename``).
+        prefix_timestamp: prefix forwarded lines with the time.
+        start_timeout: seconds workers may take to reach the rendezvous (exported as HOROVOD_START_TIMEOUT).
+        stdin_to_rank0: rank 0 inherits the launcher's standard input (the others get none).
+        grace_seconds: SIGTERM → SIGKILL delay when stopping workers.
+        extra_env: more variables for every worker.
+    """
+
+    num_proc: int
+    hosts: List[HostInfo]
+    command: Command
+    knob_env: Dict[str, str] = field(default_factory=dict)
+    nics: List[str] = field(default_factory=list)
+    output_dir: Optional[str] = None
+    prefix_timestamp: bool = False
+    start_timeout: int = 30
+    stdin_to_rank0: bool = True
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    extra_env: Dict[str, str] = field(default_factory=dict)
+
+
+def job_env(parent_env: Mapping[str, str], settings: JobSettings, addr: str, port: int, secret: bytes) -> Dict[str, str]:
+    """The environment shared by every worker of the job (per-slot variables come on top)."""
+    env = {k: v for k, v in parent_env.items() if k != config.SECRET_ENV}
+    env.update(settings.knob_env)
+    env.update(settings.extra_env)
+    env.update({
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_START_TIMEOUT": str(settings.start_timeout),
+        "PYTHONUNBUFFERED": "1",
+    })
+    if settings.nics:
+        env["HOROVOD_GLOO_IFACE"] = settings.nics[0]
+        env["NCCL_SOCKET_IFNAME"] = ",".join(settings.nics)
+    env[config.SECRET_ENV] = secret.hex()
+    return env
+
+
+def worker_specs(slots: Sequence[SlotInfo], command: Sequence[str], env: Mapping[str, str],
+                 stdin_to_rank0: bool) -> List[WorkerSpec]:
+    specs = []
+    for slot in slots:
+        worker_env = dict(env)
+        worker_env.update(slot.env())
+        stdin = None if (stdin_to_rank0 and slot.rank == 0) else subprocess.DEVNULL
+        specs.append(WorkerSpec(rank=slot.rank, hostname=slot.hostname, command=list(command), env=worker_env,
+                                stdin=stdin))
+    return specs
+
+
+def run_gloo_job(settings: JobSettings, parent_env: Mapping[str, str],
+                 setup: Optional[Callable[[RendezvousServer], None]] = None,
+                 failure_details: Optional[Callable[[WorkerExit, MemoryStore], str]] = None) -> MemoryStore:
+    """Run a static job on local hosts and return the rendezvous store's contents once it ended.
+
+    Args:
+        settings: the job.
+        parent_env: the launcher's environment, inherited by the workers.
+        setup: called with the running store before any worker starts (e.g. to publish a function).
+        failure_details: extra text for a failure message, given the failed worker and the store.
+
+    Raises:
+        JobFailedError: a worker exited non-zero (the others were terminated).
+        WorkerStartError, LaunchNotAvailableError, ValueError: the job could not start.
+    """
+    slots = get_host_assignments(settings.hosts, settings.num_proc)
+    secret = secrets.token_bytes(32)   # per job; travels only in the workers' environment, never logged
+    with RendezvousServer(secret, host=LOCAL_RENDEZVOUS_HOST) as server:
+        logger.info("rendezvous store at %s:%s; %d processes on %s", server.host, server.port, len(slots),
+                    ",".join(f"{h.hostname}:{h.slots}" for h in settings.hosts))
+        if setup is not None:
+            setup(server)
+        command = settings.command(server.host, server.port) if callable(settings.command) else settings.command
+        env = job_env(parent_env, settings, server.host, server.port, secret)
+        specs = worker_specs(slots, command, env, settings.stdin_to_rank0)
+        sink = OutputSink(len(slots), prefix_timestamp=settings.prefix_timestamp, output_dir=settings.output_dir)
+        details = None
+        if failure_details is not None:
+            def details(first: WorkerExit) -> str:
+                return failure_details(first, server.store)
+        run_workers(specs, sink, settings.grace_seconds, failure_details=details)
+        return server.store

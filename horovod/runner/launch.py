@@ -1,0 +1,251 @@
+"""``horovodrun``: parse the command line, then run the job with the launcher the flags ask for.
+
+Launch modes are chosen by :func:`launch_mode` and dispatched through :data:`JOB_RUNNERS`; today only
+``gloo`` (the built-in controller on this machine) is there.  ``mpi``, ``jsrun`` and ``elastic`` report that
+they are not available yet; whoever adds one registers a function ``(args, parent_env) -> None`` in
+:data:`JOB_RUNNERS`.  Remote hosts need an ssh starter (see :mod:`horovod.runner.exec`).
+
+Deviation from the original: ``-np 2 -H localhost:4`` starts exactly 2 workers (the original's Gloo path
+started one per slot, 4).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from horovod.runner import cli, config_file
+from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerStartError
+from horovod.runner.hosts import HostInfo, parse_hostfile, parse_hosts
+from horovod.runner.job import JobSettings, run_gloo_job
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_START_TIMEOUT = 30
+
+#: Exit status for usage errors and launch modes that are not available (argparse's convention).
+USAGE_EXIT = 2
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse ``horovodrun`` arguments, fold in ``--config-file`` and validate the tuning values.
+
+    Exits with status 2 and a usage message on any error, as argparse does.
+    """
+    parser = cli.build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.config_file:
+        try:
+            config_file.apply(args, config_file.load(args.config_file), source=args.config_file)
+        except ValueError as exc:
+            parser.error(str(exc))
+    try:
+        config_file.validate(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _framework_available(module: str) -> bool:
+    # find_spec does not import the framework: checking must stay cheap and side-effect free.
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_build_text() -> str:
+    """What ``horovodrun --check-build`` prints: the truth about this installation."""
+    from horovod import __version__
+
+    def mark(ok: bool) -> str:
+        return "[X]" if ok else "[ ]"
+
+    mpi = _framework_available("mpi4py")
+    lines = [f"Horovod v{__version__}:", "", "Available Frameworks:"]
+    for name, module in (("TensorFlow", "tensorflow"), ("PyTorch", "torch"), ("MXNet", "mxnet")):
+        lines.append(f"    {mark(_framework_available(module))} {name}")
+    lines += ["", "Available Controllers:", f"    {mark(mpi)} MPI", f"    {mark(True)} Gloo", "",
+              "Available Tensor Operations:"]
+    for name, ok in (("NCCL", False), ("DDL", False), ("CCL", False), ("MPI", mpi), ("Gloo", True)):
+        lines.append(f"    {mark(ok)} {name}")
+    return "\n".join(lines) + "\n"
+
+
+def start_timeout(value: Optional[int], env: Mapping[str, str]) -> int:
+    """``--start-timeout``, else ``HOROVOD_START_TIMEOUT``, else 30 seconds."""
+    if value is not None:
+        return value
+    raw = env.get("HOROVOD_START_TIMEOUT", "")
+    if raw.strip():
+        try:
+            return int(float(raw))
+        except ValueError:
+            raise ValueError(f"HOROVOD_START_TIMEOUT={raw!r} is not a number of seconds") from None
+    return DEFAULT_START_TIMEOUT
+
+
+def resolve_hosts(args: Any) -> List[HostInfo]:
+    """Hosts from ``-H`` or ``--hostfile``; ``localhost:<np>`` when neither is given."""
+    if getattr(args, "hosts", None):
+        return parse_hosts(args.hosts)
+    if getattr(args, "hostfile", None):
+        try:
+            return parse_hostfile(args.hostfile)
+        except OSError as exc:
+            raise ValueError(f"cannot read --hostfile {args.hostfile!r}: {exc.strerror or exc}") from None
+    return [HostInfo("localhost", args.num_proc)]
+
+
+def launch_mode(args: Any) -> str:
+    """``elastic``, ``mpi``, ``jsrun`` or ``gloo`` (the default: the built-in controller is always there)."""
+    if cli.elastic_requested(args):
+        return "elastic"
+    if getattr(args, "use_mpi", None):
+        return "mpi"
+    if getattr(args, "use_jsrun", None):
+        return "jsrun"
+    return "gloo"
+
+
+def _not_available(mode: str, args: Any) -> None:
+    if mode == "elastic":
+        given = ", ".join(cli.option_for(d) for d in cli.elastic_requested(args))
+        raise LaunchNotAvailableError(
+            f"elastic mode ({given}) is not yet supported by this launcher; run a static job with -np instead")
+    raise LaunchNotAvailableError(
+        f"launching with {mode} (--{mode}) is not yet supported by this launcher; use the built-in controller "
+        f"(--gloo, the default)")
+
+
+def job_settings(args: Any, command: Any, parent_env: Mapping[str, str]) -> JobSettings:
+    """Turn parsed arguments into :class:`JobSettings` for a static built-in-controller job.
+
+    Raises:
+        ValueError: -np missing or not positive, a bad host list, a bad start timeout.
+    """
+    if args.num_proc is None:
+        raise ValueError("-np/--num-proc is required: how many processes to start, e.g. -np 2")
+    if args.num_proc < 1:
+        raise ValueError(f"-np/--num-proc must be >= 1, got {args.num_proc}")
+    timeout = start_timeout(getattr(args, "start_timeout", None), parent_env)
+    if timeout < 0:
+        raise ValueError(f"--start-timeout must be >= 0, got {timeout}")
+    return JobSettings(
+        num_proc=args.num_proc,
+        hosts=resolve_hosts(args),
+        command=command,
+        knob_env=cli.knob_env(args, parent_env),
+        nics=list(getattr(args, "nics", None) or []),
+        output_dir=getattr(args, "output_filename", None),
+        prefix_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)),
+        start_timeout=timeout,
+    )
+
+
+def run_gloo(args: Any, parent_env: Mapping[str, str]) -> None:
+    """Run ``args.command`` as a static job with the built-in controller on this machine."""
+    run_gloo_job(job_settings(args, list(args.command), parent_env), parent_env)
+
+
+#: Launch mode → function running the job; see the module docstring.
+JOB_RUNNERS: Dict[str, Callable[[Any, Mapping[str, str]], None]] = {"gloo": run_gloo}
+
+
+class _Stopped(BaseException):
+    """Raised in the main thread by the SIGTERM / SIGHUP handler so the job unwinds and kills its workers."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _SignalGuard:
+    """The first SIGINT / SIGTERM / SIGHUP unwinds the job (which stops the workers); later ones are ignored
+    so that they cannot interrupt the cleanup half-way and leave workers behind."""
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def __call__(self, signum, _frame):
+        if self.fired:
+            logger.warning("already stopping the workers; ignoring %s", signal.Signals(signum).name)
+            return
+        self.fired = True
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise _Stopped(signum)
+
+
+def _configure_logging(verbose: bool) -> None:
+    root = logging.getLogger("horovod.runner")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("horovodrun: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def _run(args: argparse.Namespace, parent_env: Mapping[str, str]) -> int:
+    mode = launch_mode(args)
+    runner = JOB_RUNNERS.get(mode)
+    if runner is None:
+        _not_available(mode, args)
+    runner(args, parent_env)
+    return 0
+
+
+def run_commandline(argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point of ``horovodrun`` (and ``python -m horovod.runner``); exits the process.
+
+    Exit status: 0 when every worker succeeded; 1 when one failed (the others are terminated); 2 for usage
+    errors and launch modes that are not available; 127/126 when the command cannot be started;
+    128 + signal number when the launcher was interrupted.
+    """
+    args = parse_args(argv)
+    if args.check_build:
+        sys.stdout.write(check_build_text())
+        sys.exit(0)
+    prog = "horovodrun"
+    if not args.command:
+        cli.build_parser().error("no command to run; usage: horovodrun -np <n> <command> [args...]")
+    _configure_logging(args.verbose)
+    parent_env = dict(os.environ)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if in_main:
+        guard = _SignalGuard()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is not signal.SIG_IGN:   # respect nohup / background-job ignores
+                previous[sig] = signal.signal(sig, guard)
+    try:
+        code = _run(args, parent_env)
+    except (LaunchNotAvailableError, ValueError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        code = USAGE_EXIT
+    except WorkerStartError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except JobFailedError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; all workers were stopped", file=sys.stderr)
+        code = 128 + signal.SIGINT
+    except _Stopped as exc:
+        print(f"{prog}: received {signal.Signals(exc.signum).name}; all workers were stopped", file=sys.stderr)
+        code = 128 + exc.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run_commandline()

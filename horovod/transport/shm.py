@@ -1,0 +1,966 @@
+"""Shared-memory data plane for the ranks of one host.
+
+How it works, and why:
+
+* **Memory.** Every rank owns one segment per group: a small header (its step counter and per-round metadata)
+  followed by two equal *halves* that consecutive rounds use alternately.  The segment is an anonymous ``memfd``
+  (or, with ``shm_backing='file'``, a ``/dev/shm`` file unlinked right after it is opened).  Its descriptor travels
+  to the peers over an authenticated AF_UNIX socket (``SCM_RIGHTS``), and peers map it read-only.  Nothing of the
+  job has a name in ``/dev/shm`` after setup, so a rank killed with SIGKILL leaks nothing: the kernel frees the
+  memory when the last mapping goes.
+* **Progress.** Each rank publishes a step counter in its header.  All ranks of a group make the same steps in the
+  same order, so "peer q reached step s" denotes the same protocol point on every rank.  Data written before a
+  step is visible to whoever sees the step (x86-TSO store ordering; the wake-up syscalls are barriers anyway).
+* **Wake-ups without spinning.** After a step a rank writes to every peer's eventfd.  A waiter re-reads the
+  counters, spins for a few microseconds only when every rank has a core of its own, then blocks in ``poll()`` on
+  its eventfd plus one UNIX socket per peer; a peer's socket hangs up when that process exits, which turns into a
+  :class:`TransportError` naming it.
+* **Reusing a half.** Round *i* writes half ``i % 2``.  Readers read a round between the writer's publishing step
+  ``s`` and their own step ``s + k``, so before writing a half again a rank waits (almost never blocking) until
+  every peer has passed that step (``_free_at``).
+* **Allreduce** (large): per chunk, every rank copies the shares it does not own into its half, then reduces its
+  own share across all halves (in rank order, so every rank gets bitwise identical results), then everyone copies
+  all reduced shares out: a reduce-scatter plus allgather through shared memory, with the reduction spread over
+  all ranks.  Small buffers take one step: everyone copies in, everyone reduces everything.
+* **sendrecv** is point-to-point and need not involve the whole group, so it never touches the step counters;
+  it streams over the pair's UNIX socket with a length header.
+* **Subgroups** are created lazily at their first collective: the members exchange fresh segments over the same
+  sockets, share the world's eventfds, and keep their own counters, so they never wait on non-members.
+
+Calls on one transport (and its subgroups) must come from one thread at a time.  Linux only (memfd/eventfd/
+abstract UNIX sockets; a pipe replaces eventfd where it is missing).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import math
+import mmap
+import os
+import secrets
+import select
+import socket
+import struct
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from horovod.transport import sockets as _sk
+from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, LocalTransport, Transport, TransportError, \
+    register
+
+logger = logging.getLogger(__name__)
+
+MIB = 1 << 20
+DEFAULT_SEGMENT_BYTES = 16 * MIB  # two halves of 8 MiB: the most memory a rank adds per group
+DEFAULT_CHUNK_BYTES = 4 * MIB  # allreduce pipeline chunk (fits L3 together with the peers' chunks)
+DEFAULT_SMALL_BYTES = 64 * 1024  # below this an allreduce is one step (every rank reduces everything)
+DEFAULT_SPIN_US = 20.0  # only when every rank of the group has a core of its own
+
+_PAGE = 4096
+_LINE = 64
+_MAGIC = 0x31534D4853445648  # "HVDSHMS1"
+_MSG = struct.Struct("<QQQQ32s")  # magic, rank, segment bytes, pid, digest of the group
+_LEN = struct.Struct("<Q")
+_ONE = struct.pack("<Q", 1)
+_POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
+_IO_CHUNK = 4 * MIB
+
+
+def _round_up(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _binary(dtype: np.dtype, op: str):
+    """The elementwise ufunc of ``op`` (bool: sum/max are OR, min/product are AND, as in ``reduce_into``)."""
+    if dtype == np.bool_:
+        return np.logical_or if op in (SUM, MAX) else np.logical_and
+    try:
+        return {SUM: np.add, MIN: np.minimum, MAX: np.maximum, PRODUCT: np.multiply}[op]
+    except KeyError:
+        raise ValueError(f"shm transport: unsupported reduce op {op!r}; expected one of sum, min, max, product") \
+            from None
+
+
+def _combine(out: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> None:
+    """``out = srcs[0] op srcs[1] op ...`` in this order (``out`` must not alias any source but ``srcs[0]``)."""
+    f = _binary(out.dtype, op)
+    f(srcs[0], srcs[1], out=out)
+    for x in srcs[2:]:
+        f(out, x, out=out)
+
+
+def _byte_view(a: np.ndarray) -> np.ndarray:
+    if a.ndim != 1 or not a.flags.c_contiguous:
+        raise ValueError(f"shm transport: buffers must be 1-D and C-contiguous, got shape {a.shape}")
+    return a.view(np.uint8)
+
+
+def _make_wake() -> Tuple[int, int]:
+    """(read end, write end) of this process's wake-up channel: an eventfd (both ends equal) or a pipe."""
+    if hasattr(os, "eventfd"):
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        return fd, fd
+    r, w = os.pipe()
+    for fd in (r, w):
+        os.set_blocking(fd, False)
+        os.set_inheritable(fd, False)
+    return r, w
+
+
+def _new_segment_fd(name: str, nbytes: int, backing: str) -> int:
+    """A descriptor of ``nbytes`` of fresh shared memory that has no name left anywhere once this returns."""
+    if backing == "memfd" and hasattr(os, "memfd_create"):
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    else:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        path = os.path.join(folder, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        # The descriptor (passed to the peers) keeps the memory alive; unlinking now means a crash leaks nothing.
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, nbytes)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _map(fd: int, nbytes: int, writable: bool) -> mmap.mmap:
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in now, not in a collective
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    return mmap.mmap(fd, nbytes, flags=flags, prot=prot)
+
+
+def _layout(segment_bytes: int, size: int) -> Tuple[int, int, int, int]:
+    """(metadata bytes per half, data offset, half bytes, total bytes) of a segment.
+
+    Header: step counter at 0, then one metadata block per half at 128 (a more-flag and per-peer byte counts).
+    """
+    meta = _round_up(8 * (size + 2), _LINE)
+    data_off = _round_up(128 + 2 * meta, _PAGE)
+    half = max(_PAGE, segment_bytes // 2 // _PAGE * _PAGE)
+    return meta, data_off, half, data_off + 2 * half
+
+
+class _Peer:
+    """Another rank on this host: the authenticated socket to it and its wake-up descriptor."""
+
+    def __init__(self, rank: int, sock: socket.socket, wake_fd: int, pid: int):
+        self.rank, self.sock, self.wake_fd, self.pid = rank, sock, wake_fd, pid
+
+
+def _send_msg(sock: socket.socket, payload: bytes, fds: Sequence[int], deadline: float, peer: str) -> None:
+    """Send one small message (with descriptors) on a non-blocking socket."""
+    while True:
+        try:
+            n = socket.send_fds(sock, [payload], list(fds)) if fds else sock.send(payload, socket.MSG_NOSIGNAL)
+            break
+        except (BlockingIOError, InterruptedError):
+            _poll_one(sock, select.POLLOUT, deadline, peer)
+        except OSError as exc:
+            raise TransportError(f"shm transport: sending to {peer} failed ({exc}); the process may have exited",
+                                 peer=peer) from exc
+    if n < len(payload):
+        _send_all(sock, memoryview(payload)[n:], deadline, peer)
+
+
+def _send_all(sock: socket.socket, view: memoryview, deadline: float, peer: str) -> None:
+    sent = 0
+    while sent < len(view):
+        try:
+            sent += sock.send(view[sent:sent + _IO_CHUNK], socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            _poll_one(sock, select.POLLOUT, deadline, peer)
+        except OSError as exc:
+            raise TransportError(f"shm transport: sending to {peer} failed ({exc}); the process may have exited",
+                                 peer=peer) from exc
+
+
+def _recv_msg(sock: socket.socket, size: int, nfds: int, deadline: float, peer: str) -> Tuple[bytes, List[int]]:
+    """Receive one ``size``-byte message and up to ``nfds`` descriptors on a non-blocking socket."""
+    data, fds = b"", []
+    while len(data) < size:
+        try:
+            chunk, got, _flags, _addr = socket.recv_fds(sock, size - len(data), nfds if not data else 0)
+        except (BlockingIOError, InterruptedError):
+            _poll_one(sock, select.POLLIN, deadline, peer)
+            continue
+        except OSError as exc:
+            raise TransportError(f"shm transport: receiving from {peer} failed ({exc})", peer=peer) from exc
+        if not chunk:
+            for fd in fds + got:
+                os.close(fd)
+            raise TransportError(f"shm transport: {peer} closed its connection during setup (the process exited or "
+                                 f"was killed)", peer=peer)
+        data += chunk
+        fds += got
+    return data, fds
+
+
+def _poll_one(sock: socket.socket, events: int, deadline: float, peer: str) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TransportError(f"shm transport: timed out waiting for {peer}", peer=peer)
+    p = select.poll()
+    p.register(sock, events)
+    p.poll(remaining * 1000 + 1)
+
+
+class _Node:
+    """What this process shares between the world group and its subgroups: identity, sockets, wake-ups.
+
+    Args:
+        boot: the bootstrap of the world group.
+    """
+
+    def __init__(self, boot: Bootstrap):
+        opts = boot.options
+        self.rank, self.size = boot.rank, boot.size
+        self.timeout = float(boot.timeout)
+        self.token = hmac.new(boot.secret, b"shm|" + boot.scope.encode(), hashlib.sha256).hexdigest()[:16]
+        self.segment_bytes = max(int(opts.get("shm_segment_bytes", DEFAULT_SEGMENT_BYTES)), 64 * 1024)
+        self.chunk_bytes = max(int(opts.get("shm_chunk_bytes", DEFAULT_CHUNK_BYTES)), 4096)
+        self.small_bytes = int(opts.get("shm_small_bytes", DEFAULT_SMALL_BYTES))
+        self.spin_us = opts.get("shm_spin_us")
+        self.backing = str(opts.get("shm_backing", "memfd"))
+        if self.backing not in ("memfd", "file"):
+            raise ValueError(f"shm_backing must be 'memfd' or 'file', got {self.backing!r}")
+        self.cpus = _usable_cpus()
+        self.wake_r, self.wake_w = _make_wake()
+        self.peers: Dict[int, _Peer] = {}
+        self.gone: set = set()  # world ranks whose socket hung up
+        self.groups: Dict[Tuple[int, ...], "ShmTransport"] = {}
+        self.world: Optional["ShmTransport"] = None
+        self.closed = False
+
+    def segment_name(self, what: str) -> str:
+        return f"hvd-shm-{self.token}-{what}-r{self.rank}-{secrets.token_hex(4)}"
+
+    def describe(self, world_rank: int) -> str:
+        peer = self.peers.get(world_rank)
+        return f"local rank {world_rank}" + (f" (pid {peer.pid})" if peer else "")
+
+    # -- setup -------------------------------------------------------------------------------------------------
+
+    def connect(self, boot: Bootstrap, seg_fd: int, seg_bytes: int) -> Dict[int, int]:
+        """Connect and authenticate every pair, exchanging wake-up and segment descriptors.
+
+        Returns:
+            world rank -> the peer's segment descriptor (to be mapped, then closed).
+        """
+        scope = boot.scope + "-shm"
+        deadline = time.monotonic() + self.timeout
+        hello = f"{scope}|{self.rank}".encode()
+        digest = self.group_digest(tuple(range(self.size)))
+        seg_fds: Dict[int, int] = {}
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path = None
+        try:
+            if sys.platform.startswith("linux"):
+                addr = f"\0hvd-shm-{self.token}-r{self.rank}-{secrets.token_hex(8)}"
+            else:
+                path = addr = os.path.join(tempfile.gettempdir(), f"hvd-shm-{self.token}-{secrets.token_hex(6)}")
+            listener.bind(addr)
+            listener.listen(max(self.size, 16))
+            boot.store.put(scope, f"addr.{self.rank}", addr.encode())
+            for q in range(self.rank):  # connect to lower ranks, accept higher ones: no cycle, no deadlock
+                what = f"local rank {q}"
+                peer_addr = boot.store.get(scope, f"addr.{q}", timeout=max(0.1, deadline - time.monotonic()))
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(max(0.1, deadline - time.monotonic()))
+                    sock.connect(peer_addr.decode())
+                    theirs = _sk.authenticate(sock, boot.secret, True, hello, max(0.1, deadline - time.monotonic()),
+                                              what)
+                    if theirs != f"{scope}|{q}".encode():
+                        raise TransportError(f"shm transport: {what} answered as {theirs!r}; expected "
+                                             f"{scope}|{q} (a stale job?)", peer=q)
+                    seg_fds[q] = self._exchange(sock, q, seg_fd, seg_bytes, digest, deadline)
+                except (OSError, _sk.PeerError) as exc:
+                    sock.close()
+                    raise TransportError(f"shm transport: could not connect to {what}: {exc}", peer=q) from exc
+                except BaseException:
+                    sock.close()
+                    raise
+            while len(seg_fds) < self.size - 1:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(set(range(self.rank + 1, self.size)) - set(seg_fds))
+                    raise TransportError(f"shm transport: local ranks {missing} did not connect within "
+                                         f"{self.timeout:.0f} s; did they start and call init()?", peer=missing[0])
+                listener.settimeout(remaining)
+                try:
+                    sock, _ = listener.accept()
+                except socket.timeout:
+                    continue
+                try:
+                    theirs = _sk.authenticate(sock, boot.secret, False, hello, max(0.1, remaining), "a local peer")
+                    sc, _, qs = theirs.decode(errors="replace").rpartition("|")
+                    q = int(qs) if qs.isdigit() else -1
+                    if sc != scope or not self.rank < q < self.size or q in seg_fds:
+                        raise _sk.PeerError(f"unexpected hello {theirs!r}")
+                except (_sk.PeerError, OSError, ValueError) as exc:
+                    logger.warning("shm transport: dropped a connection that failed authentication: %s", exc)
+                    sock.close()
+                    continue
+                try:
+                    seg_fds[q] = self._exchange(sock, q, seg_fd, seg_bytes, digest, deadline)
+                except BaseException:
+                    sock.close()
+                    raise
+        except BaseException:
+            for fd in seg_fds.values():
+                os.close(fd)
+            raise
+        finally:
+            listener.close()
+            if path:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        return seg_fds
+
+    def _exchange(self, sock: socket.socket, q: int, seg_fd: int, seg_bytes: int, digest: bytes,
+                  deadline: float) -> int:
+        sock.setblocking(False)
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, 4 * MIB)
+            except OSError:
+                pass
+        what = f"local rank {q}"
+        _send_msg(sock, _MSG.pack(_MAGIC, self.rank, seg_bytes, os.getpid(), digest), [self.wake_w, seg_fd],
+                  deadline, what)
+        data, fds = _recv_msg(sock, _MSG.size, 2, deadline, what)
+        magic, rank, nbytes, pid, their_digest = _MSG.unpack(data)
+        if magic != _MAGIC or rank != q or their_digest != digest or nbytes != seg_bytes or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise TransportError(f"shm transport: {what} sent a malformed setup message (rank {rank}, "
+                                 f"{nbytes} bytes, {len(fds)} descriptors); are both ranks the same version "
+                                 f"with the same options?", peer=q)
+        self.peers[q] = _Peer(q, sock, fds[0], pid)
+        return fds[1]
+
+    def group_digest(self, members: Tuple[int, ...]) -> bytes:
+        return hashlib.sha256(f"{self.token}|{members}".encode()).digest()
+
+    # -- groups ------------------------------------------------------------------------------------------------
+
+    def subgroup(self, members: Tuple[int, ...]) -> Transport:
+        if self.closed:
+            raise TransportError("shm transport: subgroup() after close()")
+        if len(members) == 1:
+            return LocalTransport()
+        if members == tuple(range(self.size)):
+            return self.world
+        group = self.groups.get(members)
+        if group is None or group._closed:
+            group = self.groups[members] = ShmTransport(self, members)
+        return group
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for group in list(self.groups.values()):
+            group._release()
+        if self.world is not None:
+            self.world._release()
+        for peer in self.peers.values():
+            _sk.maybe_close(peer.sock)
+            try:
+                os.close(peer.wake_fd)
+            except OSError:
+                pass
+        self.peers.clear()
+        for fd in {self.wake_r, self.wake_w}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class ShmTransport(Transport):
+    """Collectives among processes of one host through shared memory (see the module docstring).
+
+    Create the world group with :func:`create_shm`; :meth:`subgroup` gives groups of a subset.
+
+    Attributes:
+        rank: this process's index in the group.
+        size: the number of processes in the group.
+    """
+
+    name = "shm"
+
+    def __init__(self, node: _Node, members: Tuple[int, ...], seg_fds: Optional[Dict[int, int]] = None):
+        self._node = node
+        self._members = members
+        self.rank, self.size = members.index(node.rank), len(members)
+        self._closed = False
+        self._ready = False
+        self._op = "setup"
+        self._seq = 0
+        self._rounds = 0
+        self._free_at = [0, 0]
+        self._maps: List[mmap.mmap] = []
+        self._typed_cache: Dict[Tuple[str, int], List[np.ndarray]] = {}
+        self._sub_cache: Dict[Tuple[str, int], List[List[np.ndarray]]] = {}
+        self._bounds_cache: Dict[Tuple[int, int], List[int]] = {}
+        self._meta_bytes, self._data_off, self._half_bytes, self._seg_total = _layout(node.segment_bytes, self.size)
+        self._sub_bytes = self._half_bytes // self.size // _LINE * _LINE
+        self._chunk_bytes = min(node.chunk_bytes, self._half_bytes)
+        self._small_bytes = min(node.small_bytes, self._half_bytes)
+        spin = node.spin_us if node.spin_us is not None else (DEFAULT_SPIN_US if self.size <= node.cpus else 0.0)
+        self._spin_s = float(spin) * 1e-6
+        self._peers = [q for q in range(self.size) if q != self.rank]
+        self._wake_fds = [node.peers[members[q]].wake_fd for q in self._peers]
+        self._poller = select.poll()
+        self._poller.register(node.wake_r, select.POLLIN)
+        self._fd_rank: Dict[int, int] = {}
+        for q in self._peers:
+            sock = node.peers[members[q]].sock
+            self._poller.register(sock, getattr(select, "POLLRDHUP", 0))
+            self._fd_rank[sock.fileno()] = q
+        if seg_fds is not None:
+            self._attach(seg_fds)
+
+    # -- memory ------------------------------------------------------------------------------------------------
+
+    def _new_segment(self) -> int:
+        fd = _new_segment_fd(self._node.segment_name("g" + "-".join(map(str, self._members))
+                                                     if self.size < self._node.size else "w"),
+                             self._seg_total, self._node.backing)
+        return fd
+
+    def _attach(self, seg_fds: Dict[int, int]) -> None:
+        """Map every member's segment (``seg_fds`` keyed by group rank, own included); closes the descriptors."""
+        try:
+            maps = [_map(seg_fds[q], self._seg_total, q == self.rank) for q in range(self.size)]
+        finally:
+            for fd in seg_fds.values():
+                os.close(fd)
+        self._maps = maps
+        self._seqs = [memoryview(m)[:8].cast("q") for m in maps]
+        self._my_seq = self._seqs[self.rank]
+        raw = [np.frombuffer(m, dtype=np.uint8) for m in maps]
+        self._meta = [[raw[q][128 + h * self._meta_bytes:128 + (h + 1) * self._meta_bytes].view(np.int64)
+                       for h in (0, 1)] for q in range(self.size)]
+        d, hb = self._data_off, self._half_bytes
+        self._half = [[raw[q][d + h * hb:d + (h + 1) * hb] for h in (0, 1)] for q in range(self.size)]
+        self._ready = True
+
+    def _setup_subgroup(self) -> None:
+        """First collective of a subgroup: members trade fresh segments over the pair sockets."""
+        node = self._node
+        deadline = time.monotonic() + node.timeout
+        digest = node.group_digest(self._members)
+        own = self._new_segment()
+        fds: Dict[int, int] = {self.rank: own}
+        try:
+            for q in self._peers:
+                peer = node.peers[self._members[q]]
+                _send_msg(peer.sock, _MSG.pack(_MAGIC, node.rank, self._seg_total, os.getpid(), digest), [own],
+                          deadline, node.describe(peer.rank))
+            for q in self._peers:
+                peer = node.peers[self._members[q]]
+                data, got = _recv_msg(peer.sock, _MSG.size, 1, deadline, node.describe(peer.rank))
+                magic, rank, nbytes, _pid, their_digest = _MSG.unpack(data)
+                if magic != _MAGIC or rank != peer.rank or their_digest != digest or len(got) != 1 \
+                        or nbytes != self._seg_total:
+                    for fd in got:
+                        os.close(fd)
+                    raise TransportError(
+                        f"shm transport: {node.describe(peer.rank)} is not setting up subgroup {list(self._members)} "
+                        f"now (it sent a message for another group or of another size): members must run their "
+                        f"collectives in the same order", peer=q)
+                fds[q] = got[0]
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        self._attach(fds)
+
+    def _typed(self, dtype: np.dtype, h: int) -> List[np.ndarray]:
+        key = (dtype.str, h)
+        views = self._typed_cache.get(key)
+        if views is None:
+            views = self._typed_cache[key] = [self._half[q][h].view(dtype) for q in range(self.size)]
+        return views
+
+    def _subslots(self, dtype: np.dtype, h: int) -> List[List[np.ndarray]]:
+        """``[q][p]``: the part of rank q's half ``h`` that holds q's data for rank p."""
+        key = (dtype.str, h)
+        views = self._sub_cache.get(key)
+        if views is None:
+            b = self._sub_bytes
+            views = self._sub_cache[key] = [[self._half[q][h][p * b:(p + 1) * b].view(dtype)
+                                             for p in range(self.size)] for q in range(self.size)]
+        return views
+
+    # -- progress ----------------------------------------------------------------------------------------------
+
+    def _enter(self, op: str) -> None:
+        if self._closed or self._node.closed:
+            raise TransportError(f"shm transport: {op} called after close()")
+        self._op = op
+        if not self._ready:
+            self._setup_subgroup()
+
+    def _step(self) -> int:
+        """Publish that this rank passed the next protocol point, and wake the peers."""
+        s = self._seq = self._seq + 1
+        self._my_seq[0] = s
+        for fd in self._wake_fds:
+            try:
+                os.write(fd, _ONE)
+            except BlockingIOError:  # a full pipe already holds a wake-up
+                pass
+        return s
+
+    def _next_half(self, write: bool) -> int:
+        """The half of the next round (the same on every rank); when writing, wait until its readers are done."""
+        h = self._rounds & 1
+        self._rounds += 1
+        if write and self._free_at[h]:
+            self._wait(self._free_at[h])
+        return h
+
+    def _wait(self, target: int, who: Optional[Sequence[int]] = None) -> None:
+        """Block until every peer in ``who`` (default: all) has made step ``target``."""
+        seqs = self._seqs
+        pending = [q for q in (self._peers if who is None else who) if seqs[q][0] < target]
+        if not pending:
+            return
+        if self._spin_s:
+            end = time.perf_counter() + self._spin_s
+            while True:
+                pending = [q for q in pending if seqs[q][0] < target]
+                if not pending:
+                    return
+                if time.perf_counter() > end:
+                    break
+        self._block(target, pending)
+
+    def _block(self, target: int, pending: List[int]) -> None:
+        node, seqs = self._node, self._seqs
+        deadline = time.monotonic() + node.timeout
+        while True:
+            dead = [q for q in pending if self._members[q] in node.gone]
+            if dead:
+                self._raise_dead(dead[0], target)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                names = ", ".join(node.describe(self._members[q]) for q in pending)
+                raise TransportError(
+                    f"shm transport: rank {self.rank} waited {node.timeout:.0f} s in {self._op} for {names} "
+                    f"(group rank(s) {pending}) to reach step {target}; the peer is stuck, or ranks called different "
+                    f"collectives (raise the timeout if it is merely slow)", peer=pending[0])
+            for fd, ev in self._poller.poll(remaining * 1000 + 1):
+                if fd == node.wake_r:
+                    try:
+                        while os.read(fd, 8) and fd != node.wake_w:  # a pipe may hold several wake-ups
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif ev & _POLL_DEAD:
+                    q = self._fd_rank[fd]
+                    node.gone.add(self._members[q])
+                    self._poller.unregister(fd)  # a hung-up socket stays readable: never poll it again
+            pending = [q for q in pending if seqs[q][0] < target]
+            if not pending:
+                return
+
+    def _raise_dead(self, q: int, target: int) -> None:
+        raise TransportError(
+            f"shm transport: {self._node.describe(self._members[q])} (group rank {q}) exited or was killed while "
+            f"rank {self.rank} waited for it in {self._op} (step {target}); the group cannot continue", peer=q)
+
+    # -- collectives -------------------------------------------------------------------------------------------
+
+    def barrier(self) -> None:
+        if self.size == 1:
+            return
+        self._enter("barrier")
+        self._wait(self._step())
+
+    def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
+        _binary(buf.dtype, op)
+        if self.size == 1 or buf.size == 0:
+            return
+        _byte_view(buf)
+        self._enter("allreduce")
+        if buf.nbytes <= self._small_bytes:
+            self._allreduce_small(buf, op)
+        else:
+            step = max(1, self._chunk_bytes // buf.itemsize)
+            for start in range(0, buf.size, step):
+                self._allreduce_chunk(buf[start:start + step], op)
+
+    def _allreduce_small(self, buf: np.ndarray, op: str) -> None:
+        n = buf.size
+        h = self._next_half(True)
+        views = self._typed(buf.dtype, h)
+        np.copyto(views[self.rank][:n], buf)
+        s = self._step()
+        self._wait(s)
+        _combine(buf, [v[:n] for v in views], op)
+        self._free_at[h] = s + 1
+
+    def _share_bounds(self, n: int, itemsize: int) -> List[int]:
+        """Split ``n`` elements into ``size`` shares at cache-line boundaries."""
+        key = (n, itemsize)
+        b = self._bounds_cache.get(key)
+        if b is None:
+            unit = max(1, _LINE // itemsize)
+            units = -(-n // unit)
+            b = [min(n, (q * units // self.size) * unit) for q in range(self.size)] + [n]
+            if len(self._bounds_cache) > 64:
+                self._bounds_cache.clear()
+            self._bounds_cache[key] = b
+        return b
+
+    def _allreduce_chunk(self, chunk: np.ndarray, op: str) -> None:
+        r, n = self.rank, chunk.size
+        h = self._next_half(True)
+        views = self._typed(chunk.dtype, h)
+        b = self._share_bounds(n, chunk.itemsize)
+        lo, hi = b[r], b[r + 1]
+        mine = views[r]
+        # Only the shares the peers reduce are copied in: this rank reduces its own straight from ``chunk``.
+        if lo:
+            np.copyto(mine[:lo], chunk[:lo])
+        if hi < n:
+            np.copyto(mine[hi:n], chunk[hi:n])
+        self._wait(self._step())
+        if hi > lo:
+            _combine(mine[lo:hi], [chunk[lo:hi] if q == r else views[q][lo:hi] for q in range(self.size)], op)
+        s = self._step()
+        self._wait(s)
+        for i in range(self.size):
+            q = (r + i) % self.size
+            if b[q + 1] > b[q]:
+                np.copyto(chunk[b[q]:b[q + 1]], views[q][b[q]:b[q + 1]])
+        self._free_at[h] = s + 1
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
+        counts = self._check_counts(counts, "counts")
+        if send.size != counts[self.rank]:
+            raise ValueError(f"allgatherv: send has {send.size} elements, counts[{self.rank}] = {counts[self.rank]}")
+        if recv.size < sum(counts):
+            raise ValueError(f"allgatherv: recv has {recv.size} elements, sum(counts) = {sum(counts)}")
+        if self.size == 1:
+            recv[:send.size] = send
+            return
+        self._enter("allgatherv")
+        isz = recv.itemsize
+        nb = [c * isz for c in counts]
+        displ = [0]
+        for c in nb:
+            displ.append(displ[-1] + c)
+        sv, rv = _byte_view(send), _byte_view(recv)
+        if np.may_share_memory(sv, rv):
+            sv = sv.copy()
+        r, hb = self.rank, self._half_bytes
+        rv[displ[r]:displ[r] + nb[r]] = sv
+        for off in range(0, max(nb), hb):
+            h = self._next_half(True)
+            m = min(hb, max(0, nb[r] - off))
+            if m:
+                self._half[r][h][:m] = sv[off:off + m]
+            s = self._step()
+            self._wait(s, [q for q in self._peers if nb[q] > off])
+            for q in self._peers:
+                m = min(hb, max(0, nb[q] - off))
+                if m:
+                    rv[displ[q] + off:displ[q] + off + m] = self._half[q][h][:m]
+            self._free_at[h] = s + 1
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast: root {root} is not a rank of this group of {self.size}")
+        if self.size == 1 or buf.size == 0:
+            return
+        self._enter("broadcast")
+        data, hb = _byte_view(buf), self._half_bytes
+        for off in range(0, data.size, hb):
+            m = min(hb, data.size - off)
+            if self.rank == root:
+                h = self._next_half(True)
+                self._half[root][h][:m] = data[off:off + m]
+                self._free_at[h] = self._step() + 1
+            else:
+                h = self._next_half(False)
+                self._wait(self._step(), (root,))
+                data[off:off + m] = self._half[root][h][:m]
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int]) -> None:
+        send_counts = self._check_counts(send_counts, "send_counts")
+        recv_counts = self._check_counts(recv_counts, "recv_counts")
+        if send.size < sum(send_counts) or recv.size < sum(recv_counts):
+            raise ValueError(f"alltoallv: send/recv have {send.size}/{recv.size} elements, counts sum to "
+                             f"{sum(send_counts)}/{sum(recv_counts)}")
+        r = self.rank
+        if send_counts[r] != recv_counts[r]:
+            raise ValueError(f"alltoallv: send_counts[{r}] = {send_counts[r]} but recv_counts[{r}] = "
+                             f"{recv_counts[r]} (what a rank sends itself)")
+        isz = send.itemsize
+        sb, rb = [c * isz for c in send_counts], [c * isz for c in recv_counts]
+        sd, rd = [0], [0]
+        for a, c in zip(sb, rb):
+            sd.append(sd[-1] + a)
+            rd.append(rd[-1] + c)
+        sv, rv = _byte_view(send), _byte_view(recv)
+        if self.size > 1 and np.may_share_memory(sv, rv):
+            sv = sv.copy()
+        rv[rd[r]:rd[r] + rb[r]] = sv[sd[r]:sd[r] + sb[r]]
+        if self.size == 1:
+            return
+        self._enter("alltoallv")
+        B, got, off = self._sub_bytes, [0] * self.size, 0
+        while True:  # rounds continue while any rank has more: every rank reads every flag, so all agree
+            h = self._next_half(True)
+            meta, half = self._meta[r][h], self._half[r][h]
+            more = 0
+            for p in self._peers:
+                m = min(B, max(0, sb[p] - off))
+                if m:
+                    half[p * B:p * B + m] = sv[sd[p] + off:sd[p] + off + m]
+                meta[2 + p] = m
+                more |= sb[p] > off + B
+            meta[0] = more
+            s = self._step()
+            self._wait(s)
+            for q in self._peers:
+                mq = self._meta[q][h]
+                m = int(mq[2 + r])
+                if got[q] + m > rb[q]:
+                    raise TransportError(f"alltoallv: rank {q} sends at least {(got[q] + m) // isz} elements to rank "
+                                         f"{r}, but recv_counts[{q}] = {recv_counts[q]}", peer=q)
+                if m:
+                    rv[rd[q] + got[q]:rd[q] + got[q] + m] = self._half[q][h][r * B:r * B + m]
+                    got[q] += m
+                more |= int(mq[0])
+            self._free_at[h] = s + 1
+            off += B
+            if not more:
+                break
+        short = [q for q in self._peers if got[q] != rb[q]]
+        if short:
+            q = short[0]
+            raise TransportError(f"alltoallv: rank {q} sent {got[q] // isz} elements to rank {r}, but "
+                                 f"recv_counts[{q}] = {recv_counts[q]}", peer=q)
+
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = SUM) -> None:
+        counts = self._check_counts(counts, "counts")
+        _binary(send.dtype, op)
+        r = self.rank
+        if send.size < sum(counts) or recv.size < counts[r]:
+            raise ValueError(f"reducescatter: send has {send.size} elements (sum(counts) = {sum(counts)}), recv has "
+                             f"{recv.size} (counts[{r}] = {counts[r]})")
+        displ = [0]
+        for c in counts:
+            displ.append(displ[-1] + c)
+        if self.size == 1:
+            recv[:counts[0]] = send[:counts[0]]
+            return
+        _byte_view(send), _byte_view(recv)
+        self._enter("reducescatter")
+        if np.may_share_memory(send, recv):
+            send = send.copy()
+        B = self._sub_bytes // send.itemsize
+        for off in range(0, max(counts), B):
+            h = self._next_half(True)
+            sub = self._subslots(send.dtype, h)
+            for p in self._peers:
+                m = min(B, max(0, counts[p] - off))
+                if m:
+                    np.copyto(sub[r][p][:m], send[displ[p] + off:displ[p] + off + m])
+            s = self._step()
+            self._wait(s)
+            m = min(B, max(0, counts[r] - off))
+            if m:
+                lo = displ[r] + off
+                _combine(recv[off:off + m], [send[lo:lo + m] if q == r else sub[q][r][:m]
+                                             for q in range(self.size)], op)
+            self._free_at[h] = s + 1
+
+    def sendrecv(self, send: Optional[np.ndarray], dest: Optional[int], recv: Optional[np.ndarray],
+                 source: Optional[int]) -> None:
+        if send is None:
+            dest = None
+        if recv is None:
+            source = None
+        for what, q in (("dest", dest), ("source", source)):
+            if q is not None and not 0 <= q < self.size:
+                raise ValueError(f"sendrecv: {what} {q} is not a rank of this group of {self.size}")
+        if dest == self.rank or source == self.rank:
+            if dest != source:
+                raise ValueError("sendrecv: sending to oneself needs source == dest == this rank")
+            recv[...] = send
+            return
+        if dest is None and source is None:
+            return
+        if self._closed or self._node.closed:
+            raise TransportError("shm transport: sendrecv called after close()")
+        self._op = "sendrecv"
+        node = self._node
+        deadline = time.monotonic() + node.timeout
+        tx = rx = None
+        if dest is not None:
+            tx_sock = node.peers[self._members[dest]].sock
+            tx = [memoryview(_LEN.pack(send.nbytes)), memoryview(_byte_view(send))]
+        if source is not None:
+            rx_sock = node.peers[self._members[source]].sock
+            head = bytearray(_LEN.size)
+            rx = [memoryview(head), memoryview(_byte_view(recv))]
+        while tx or rx:
+            progressed = False
+            if tx:
+                try:
+                    k = tx_sock.send(tx[0][:_IO_CHUNK], socket.MSG_NOSIGNAL)
+                    tx[0] = tx[0][k:]
+                    progressed = True
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError as exc:
+                    raise TransportError(f"shm transport: sendrecv to {node.describe(self._members[dest])} failed "
+                                         f"({exc}); the process exited or was killed", peer=dest) from exc
+                while tx and not len(tx[0]):
+                    tx.pop(0)
+            if rx:
+                try:
+                    k = rx_sock.recv_into(rx[0], min(len(rx[0]), _IO_CHUNK)) if len(rx[0]) else 0
+                    if len(rx[0]) and k == 0:
+                        raise TransportError(
+                            f"shm transport: {node.describe(self._members[source])} closed the connection during "
+                            f"sendrecv (the process exited or was killed)", peer=source)
+                    rx[0] = rx[0][k:]
+                    progressed = True
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError as exc:
+                    raise TransportError(f"shm transport: sendrecv from {node.describe(self._members[source])} "
+                                         f"failed ({exc})", peer=source) from exc
+                if rx and not len(rx[0]):
+                    if len(rx) == 2:
+                        (n,) = _LEN.unpack(head)
+                        if n != recv.nbytes:
+                            raise TransportError(f"sendrecv: rank {source} sent {n} bytes, rank {self.rank} expected "
+                                                 f"{recv.nbytes} (recv of {recv.size} {recv.dtype})", peer=source)
+                    rx.pop(0)
+                    progressed = True
+            if progressed or not (tx or rx):
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                q = source if rx else dest
+                raise TransportError(f"shm transport: sendrecv timed out after {node.timeout:.0f} s waiting for "
+                                     f"{node.describe(self._members[q])}", peer=q)
+            p = select.poll()
+            if tx:
+                p.register(tx_sock, select.POLLOUT)
+            if rx:
+                p.register(rx_sock, select.POLLIN | (select.POLLOUT if tx and tx_sock is rx_sock else 0))
+            p.poll(remaining * 1000 + 1)
+
+    def subgroup(self, ranks: Sequence[int]) -> Transport:
+        ranks = sorted(int(q) for q in ranks)
+        if len(set(ranks)) != len(ranks) or not ranks or ranks[0] < 0 or ranks[-1] >= self.size:
+            raise ValueError(f"subgroup: ranks {ranks} must be distinct ranks of this group of {self.size}")
+        if self.rank not in ranks:
+            raise ValueError(f"subgroup: rank {self.rank} is not in {ranks}; only members may create a subgroup")
+        if self._closed or self._node.closed:
+            raise TransportError("shm transport: subgroup() after close()")
+        return self._node.subgroup(tuple(self._members[q] for q in ranks))
+
+    def _check_counts(self, counts: Sequence[int], what: str) -> List[int]:
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or min(counts, default=0) < 0:
+            raise ValueError(f"{what} must hold {self.size} non-negative counts, got {counts}")
+        return counts
+
+    # -- teardown ----------------------------------------------------------------------------------------------
+
+    def _release(self) -> None:
+        """Unmap this group's segments (the memory goes when every member has unmapped or exited)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._typed_cache.clear()
+        self._sub_cache.clear()
+        self._half = self._meta = None
+        for mv in getattr(self, "_seqs", ()):
+            mv.release()
+        self._seqs = self._my_seq = None
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:  # a view is still referenced somewhere; the GC unmaps it later
+                logger.debug("shm transport: segment still referenced at close; left to the garbage collector")
+        self._maps = []
+
+    def close(self) -> None:
+        """Release this group's memory; on the world group, also every subgroup, socket and descriptor."""
+        if self is self._node.world:
+            self._node.close()
+        else:
+            self._release()
+            if self._node.groups.get(self._members) is self:
+                del self._node.groups[self._members]
+
+
+@register("shm")
+def create_shm(boot: Bootstrap) -> ShmTransport:
+    """Connect the ranks of ``boot`` (all on this host) through shared memory.
+
+    Args:
+        boot: the world bootstrap; ``boot.store`` carries the UNIX socket addresses under ``boot.scope + '-shm'``.
+            Options: ``shm_segment_bytes`` (per rank, default 16 MiB), ``shm_chunk_bytes`` (allreduce pipeline
+            chunk), ``shm_small_bytes`` (one-step allreduce threshold), ``shm_spin_us`` (spin before blocking;
+            default 20 µs when every rank has a core, else 0), ``shm_backing`` (``memfd`` or ``file``).
+
+    Raises:
+        TransportError: the ranks are not all on this host, or a peer did not connect in ``boot.timeout``.
+    """
+    if boot.size != boot.local_size:
+        raise TransportError(f"shm transport needs every rank on one host, but size = {boot.size} and local_size = "
+                             f"{boot.local_size}; use tcp (or hierarchical shm + tcp) across hosts")
+    node = _Node(boot)
+    try:
+        members = tuple(range(boot.size))
+        if boot.size == 1:
+            world = ShmTransport(node, members)
+            world._ready = True
+        else:
+            if boot.store is None:
+                raise TransportError("shm transport needs the rendezvous store to find its local peers")
+            world = ShmTransport.__new__(ShmTransport)
+            seg_bytes = _layout(node.segment_bytes, boot.size)[3]
+            own = _new_segment_fd(node.segment_name("w"), seg_bytes, node.backing)
+            try:
+                seg_fds = node.connect(boot, own, seg_bytes)
+            except BaseException:
+                os.close(own)
+                raise
+            seg_fds[boot.rank] = own
+            ShmTransport.__init__(world, node, members, seg_fds)
+        node.world = world
+        return world
+    except BaseException:
+        node.close()
+        raise
