@@ -575,7 +575,7 @@ class TcpTransport(Transport):
         if buf.nbytes < self._mesh.small:
             parent, children = alg.binomial_tree(self.rank, self.size, root)
             got = plan.chan(self._world(parent)).recv(data) if parent is not None else None
-            for child in children[:1]:
+            for child in children:
                 plan.chan(self._world(child)).send(data, got)
             self._run(plan, f"broadcast of {buf.nbytes} bytes from rank {root} (tree)")
             return
