@@ -365,7 +365,7 @@ class _Mesh:
         reason = self.abort_reason(world)
         if reason is not None and reason[0] not in (-1, world):
             culprit = reason[0]
-            msg = (f"{view.describe(world)} closed the connection during {what} because it failed itself: "
+            msg = (f"{view.describe(world)} closed the connection during {what} after detecting a failure: "
                    f"{reason[1]}")
         elif reason is not None:
             msg = f"{view.describe(world)} aborted during {what}: {reason[1]}"
@@ -824,7 +824,7 @@ class _Acceptor:
         if missing:
             raise TransportError(
                 f"tcp bootstrap (rank {self._boot.rank}): rank(s) {missing} did not connect within "
-                f"{self._boot.timeout:.0f} s; they may have failed to start, be unable to reach "
+                f"{self._boot.timeout:g} s; they may have failed to start, be unable to reach "
                 f"{self._srv.getsockname()}, or hold a different job secret",
                 peer=missing[0] if len(missing) == 1 else missing)
         return dict(self.socks)
@@ -842,7 +842,7 @@ def _connect_to(boot: Bootstrap, peer: int, deadline: float) -> socket.socket:
         raw = boot.store.get(boot.scope, str(peer), timeout=remaining)
     except TimeoutError as exc:
         raise TransportError(f"tcp bootstrap (rank {boot.rank}): rank {peer} did not publish its address within "
-                             f"{boot.timeout:.0f} s ({exc})", peer=peer) from None
+                             f"{boot.timeout:g} s ({exc})", peer=peer) from None
     except (ConnectionError, PermissionError) as exc:
         raise TransportError(f"tcp bootstrap (rank {boot.rank}): cannot read rank {peer}'s address from the "
                              f"rendezvous store: {exc}", peer=peer) from None
