@@ -57,7 +57,7 @@ def mpi_available() -> bool:
     """Whether mpi4py is installed; does not import ``mpi4py.MPI``, so MPI is not initialised."""
     try:
         return importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("mpi4py.MPI") is not None
-    except (ImportError, ValueError):
+    except (ImportError, ValueError, AttributeError):   # e.g. a broken or blocked mpi4py package
         return False
 
 
@@ -328,7 +328,8 @@ class MpiTransport(Transport):
                 wide = self._scratch_of(plan.wide, buf.size)
                 np.copyto(wide, buf)
                 self._comm.Allreduce(MPI.IN_PLACE, [wide, plan.wide_datatype], op=plan.op)
-                np.copyto(buf, wide, casting="unsafe")
+                with np.errstate(over="ignore"):   # overflow to inf is float16's defined result
+                    np.copyto(buf, wide, casting="unsafe")
         except MPI.Exception as exc:
             raise self._fail(f"allreduce({op}, {buf.dtype}, {buf.size} elements)", exc) from exc
 
@@ -413,7 +414,8 @@ class MpiTransport(Transport):
                 out = wide[total:]
                 self._comm.Reduce_scatter([wide[:total], plan.wide_datatype], [out, plan.wide_datatype], counts,
                                           op=plan.op)
-                np.copyto(recv[:mine], out, casting="unsafe")
+                with np.errstate(over="ignore"):
+                    np.copyto(recv[:mine], out, casting="unsafe")
         except MPI.Exception as exc:
             raise self._fail(f"reducescatter({op}, {send.dtype}, counts={counts})", exc) from exc
 
@@ -516,12 +518,15 @@ def create_mpi(boot: Bootstrap) -> MpiTransport:
     """Build the world transport from ``boot.options['mpi_comm']`` (``MPI.COMM_WORLD`` when absent).
 
     Collective over the communicator (it is duplicated).  Options: ``mpi_comm``, ``mpi_float16``
-    (``numpy``/``native``/``upcast``, see :class:`MpiTransport`).
+    (``numpy``/``native``/``upcast``, see :class:`MpiTransport`), ``mpi_threads_disable`` (applied through
+    :func:`configure_mpi4py` if MPI is not initialised yet; callers that import ``mpi4py.MPI`` themselves should
+    call :func:`configure_mpi4py` first).
 
     Raises:
         ImportError: mpi4py is not installed (the message says what to install).
         ValueError: the communicator's rank or size differs from ``boot.rank`` / ``boot.size``.
     """
+    configure_mpi4py(bool(boot.options.get("mpi_threads_disable", False)))
     MPI = _mpi()
     comm = boot.options.get("mpi_comm")
     comm = MPI.COMM_WORLD if comm is None else comm
