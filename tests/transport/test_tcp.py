@@ -10,6 +10,7 @@ import hashlib
 import multiprocessing as mp
 import os
 import secrets
+import select
 import socket
 import time
 
@@ -442,8 +443,11 @@ def test_peer_exits_during_large_allreduce():
 
 def silent_peer(t):
     if t.rank == 1:
-        time.sleep(2.5)  # never joins the allreduce in time
-        return "slept"
+        # Never join the allreduce: just wait (bounded) until rank 0 gives up and closes the connection.
+        poller = select.poll()
+        poller.register(t._mesh.socks[0], select.POLLRDHUP)
+        poller.poll(20_000)
+        return "stayed silent"
     start = time.monotonic()
     try:
         t.allreduce(np.ones(10, dtype=np.float32))
@@ -453,11 +457,12 @@ def silent_peer(t):
 
 
 def test_silent_peer_times_out():
-    out = run_world(2, silent_peer, transport_timeout=1.0, timeout=20)
+    out = run_world(2, silent_peer, transport_timeout=2.0, timeout=30)
     got = out[0].value
     assert isinstance(got, dict), _describe(out[0])
     assert got["peer"] == 1 and "rank 1" in got["message"] and "allreduce" in got["message"], got
     assert "timed out" in got["message"], got
+    assert out[1].value == "stayed silent", _describe(out[1])
 
 
 def nothing(t):
