@@ -104,6 +104,9 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
         rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     elif topo.launched_by == "mpirun":
         try:
+            from horovod.transport.mpi import configure_mpi4py
+
+            configure_mpi4py(config.mpi_threads_disable)
             from mpi4py import MPI
         except ImportError as exc:
             raise InitError("this process was started by mpirun but mpi4py is not installed; "
