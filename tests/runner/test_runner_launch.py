@@ -1,0 +1,309 @@
+"""End-to-end: the real launcher (``python -m horovod.runner`` and the ``horovodrun`` script) in subprocesses."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from runner_helpers import CALL_TIMEOUT_S, child_env, launcher_argv
+
+ENV_WORKER = """
+import json, os, sys
+keys = ["HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+        "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
+        "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "PYTHONUNBUFFERED", "HOROVOD_FUSION_THRESHOLD",
+        "HOROVOD_CYCLE_TIME", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_LOG_HIDE_TIME", "HOROVOD_GLOO_IFACE",
+        "NCCL_SOCKET_IFNAME", "INHERITED_BY_WORKERS"]
+print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}))
+# The secret goes to a file, never to the output under test.
+with open(os.path.join(sys.argv[1], "secret." + os.environ["HOROVOD_RANK"]), "w") as f:
+    f.write(os.environ["_HOROVOD_SECRET_KEY"])
+print("to stderr", os.environ["HOROVOD_RANK"], file=sys.stderr)
+"""
+
+
+def _envs(stdout: str):
+    found = {}
+    for line in stdout.splitlines():
+        m = re.fullmatch(r"\[(\d+)\]<stdout>:ENV (.*)", line)
+        if m:
+            found[int(m.group(1))] = json.loads(m.group(2))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _wait_dead(pids, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _wait_files(paths, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(p.exists() and p.read_text().strip() for p in paths):
+        time.sleep(0.05)
+    assert all(p.exists() for p in paths), f"workers did not start within {timeout} s: {paths}"
+
+
+def test_workers_get_their_environment_and_prefixed_output(hvdrun, script, tmp_path):
+    path = script(ENV_WORKER)
+    result = hvdrun(["-np", "3", "--verbose", "python", path, str(tmp_path)],
+                    env=child_env(INHERITED_BY_WORKERS="yes"))
+    assert result.returncode == 0, result.stderr
+    envs = _envs(result.stdout)
+    assert sorted(envs) == [0, 1, 2]
+    ports = set()
+    for rank, env in envs.items():
+        assert env["HOROVOD_RANK"] == str(rank)
+        assert (env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_SIZE"], env["HOROVOD_LOCAL_RANK"]) == ("3", "3", str(rank))
+        assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("0", "1")
+        assert env["HOROVOD_HOSTNAME"] == "localhost"
+        assert (env["HOROVOD_CONTROLLER"], env["HOROVOD_CPU_OPERATIONS"]) == ("gloo", "gloo")
+        assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.1"
+        assert env["PYTHONUNBUFFERED"] == "1"
+        assert env["INHERITED_BY_WORKERS"] == "yes"
+        assert env["HOROVOD_FUSION_THRESHOLD"] is None   # no flag, no variable: the engine default applies
+        ports.add(int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]))
+    assert len(ports) == 1
+    secrets_ = {(tmp_path / f"secret.{r}").read_text() for r in range(3)}
+    assert len(secrets_) == 1
+    secret = secrets_.pop()
+    assert re.fullmatch(r"[0-9a-f]{64}", secret)
+    assert secret not in result.stdout and secret not in result.stderr   # never logged, even with --verbose
+    assert sorted(l for l in result.stderr.splitlines() if "<stderr>" in l) == [
+        f"[{r}]<stderr>:to stderr {r}" for r in range(3)]
+
+
+def test_each_job_has_its_own_secret(hvdrun, script, tmp_path):
+    path = script(ENV_WORKER)
+    seen = set()
+    for _ in range(2):
+        assert hvdrun(["-np", "1", "python", path, str(tmp_path)]).returncode == 0
+        seen.add((tmp_path / "secret.0").read_text())
+    assert len(seen) == 2
+
+
+def test_knob_flags_reach_the_workers(hvdrun, script, tmp_path):
+    path = script(ENV_WORKER)
+    result = hvdrun(["-np", "2", "--fusion-threshold-mb", "2", "--cycle-time-ms", "3.5", "--no-stall-check",
+                     "--log-without-timestamp", "--network-interfaces", "lo,eth0", "python", path, str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    for env in _envs(result.stdout).values():
+        assert env["HOROVOD_FUSION_THRESHOLD"] == str(2 * 1024 * 1024)
+        assert env["HOROVOD_CYCLE_TIME"] == "3.5"
+        assert env["HOROVOD_STALL_CHECK_DISABLE"] == "1"
+        assert env["HOROVOD_LOG_HIDE_TIME"] == "1"
+        assert (env["HOROVOD_GLOO_IFACE"], env["NCCL_SOCKET_IFNAME"]) == ("lo", "lo,eth0")
+
+
+def test_config_file_and_later_flag(hvdrun, script, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("params:\n  fusion_threshold_mb: 16\n  cycle_time_ms: 9\n")
+    path = script(ENV_WORKER)
+    result = hvdrun(["-np", "1", "--cycle-time-ms", "1", "--config-file", str(cfg), "--fusion-threshold-mb", "4",
+                     "python", path, str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    env = _envs(result.stdout)[0]
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(4 * 1024 * 1024)
+    assert env["HOROVOD_CYCLE_TIME"] == "9.0"
+
+
+def test_exactly_np_workers_even_with_more_slots(hvdrun, script, tmp_path):
+    result = hvdrun(["-np", "2", "-H", "localhost:4", "python", script(ENV_WORKER), str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    envs = _envs(result.stdout)
+    assert sorted(envs) == [0, 1]
+    assert all(e["HOROVOD_SIZE"] == "2" and e["HOROVOD_LOCAL_SIZE"] == "2" for e in envs.values())
+
+
+def test_two_local_host_names_are_two_hosts(hvdrun, script, tmp_path):
+    result = hvdrun(["-np", "4", "-H", f"localhost:2,127.0.0.1:2", "python", script(ENV_WORKER), str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    envs = _envs(result.stdout)
+    assert [envs[r]["HOROVOD_HOSTNAME"] for r in range(4)] == ["localhost", "localhost", "127.0.0.1", "127.0.0.1"]
+    assert [envs[r]["HOROVOD_LOCAL_RANK"] for r in range(4)] == ["0", "1", "0", "1"]
+    assert [envs[r]["HOROVOD_CROSS_RANK"] for r in range(4)] == ["0", "0", "1", "1"]
+    assert all(e["HOROVOD_CROSS_SIZE"] == "2" and e["HOROVOD_LOCAL_SIZE"] == "2" for e in envs.values())
+
+
+def test_hostfile(hvdrun, script, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{socket.gethostname()} slots=1\nlocalhost slots=2\n")
+    result = hvdrun(["-np", "3", "-hostfile", str(hostfile), "python", script(ENV_WORKER), str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    envs = _envs(result.stdout)
+    assert [envs[r]["HOROVOD_HOSTNAME"] for r in range(3)] == [socket.gethostname(), "localhost", "localhost"]
+
+
+def test_output_filename_writes_padded_rank_dirs(hvdrun, tmp_path):
+    out = tmp_path / "logs"
+    result = hvdrun(["-np", "11", "--output-filename", str(out),
+                     "sh", "-c", 'echo "out $HOROVOD_RANK"; echo "err $HOROVOD_RANK" >&2'])
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [f"rank.{r:02d}" for r in range(11)]
+    for rank in range(11):
+        assert (out / f"rank.{rank:02d}" / "stdout").read_text() == f"out {rank}\n"
+        assert (out / f"rank.{rank:02d}" / "stderr").read_text() == f"err {rank}\n"
+    # The terminal still gets the tagged lines.
+    assert f"[10]<stdout>:out 10" in result.stdout.splitlines()
+
+
+def test_prefix_timestamp(hvdrun):
+    result = hvdrun(["-np", "1", "-prefix-timestamp", "sh", "-c", "echo hello"])
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} \[0\]<stdout>:hello", result.stdout.strip())
+
+
+def test_standard_input_goes_to_rank_zero_only(hvdrun, script):
+    path = script("import os, sys\nprint('got', os.environ['HOROVOD_RANK'], repr(sys.stdin.read()))\n")
+    result = hvdrun(["-np", "2", "python", path], input="piped text\n")
+    assert result.returncode == 0, result.stderr
+    lines = sorted(result.stdout.splitlines())
+    assert lines == ["[0]<stdout>:got 0 'piped text\\n'", "[1]<stdout>:got 1 ''"]
+
+
+PIDS_WORKER = """
+import os, subprocess, sys, time
+rank = os.environ["HOROVOD_RANK"]
+# A grandchild in the worker's process group: it must be stopped with the worker.
+child = subprocess.Popen(["sleep", "600"])
+tmp = os.path.join(sys.argv[1], "pids." + rank)
+with open(tmp + ".part", "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+os.replace(tmp + ".part", tmp)
+print("ready", rank, flush=True)
+if len(sys.argv) > 2 and rank == sys.argv[2]:
+    # The failing rank waits until everyone runs, so the others really have to be terminated.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(sys.argv[1], f"pids.{r}")) for r in range(int(os.environ["HOROVOD_SIZE"]))):
+        time.sleep(0.05)
+    print("failing now", file=sys.stderr, flush=True)
+    sys.exit(3)
+time.sleep(600)
+"""
+
+
+def _pids(tmp_path: Path, size: int):
+    return [int(p) for r in range(size) for p in (tmp_path / f"pids.{r}").read_text().split()]
+
+
+def test_failing_rank_terminates_the_others_and_is_named(hvdrun, script, tmp_path):
+    path = script(PIDS_WORKER)
+    result = hvdrun(["-np", "3", "python", path, str(tmp_path), "1"])
+    assert result.returncode == 1
+    assert ("Horovod detected that one or more processes exited with non-zero status, thus causing the job to be "
+            "terminated. The first process to do so was:") in result.stderr
+    assert "Rank: 1\nHost: localhost\nExit code: 3" in result.stderr
+    assert "[1]<stderr>:failing now" in result.stderr
+    assert _wait_dead(_pids(tmp_path, 3)) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_signal_stops_every_worker(script, tmp_path, sig):
+    path = script(PIDS_WORKER)
+    proc = subprocess.Popen(launcher_argv(["-np", "2", "python", path, str(tmp_path)]), env=child_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_files([tmp_path / "pids.0", tmp_path / "pids.1"])
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=CALL_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + sig, err
+    assert "workers were stopped" in err
+    assert _wait_dead(_pids(tmp_path, 2)) == []
+
+
+def test_success_exit_code_zero_and_nonzero_code_is_one(hvdrun):
+    assert hvdrun(["-np", "2", "true"]).returncode == 0
+    result = hvdrun(["-np", "2", "sh", "-c", 'exit $((HOROVOD_RANK * 4))'])
+    assert result.returncode == 1
+    assert "Rank: 1" in result.stderr and "Exit code: 4" in result.stderr
+
+
+def test_command_not_found(hvdrun):
+    result = hvdrun(["-np", "2", "no-such-command-for-horovodrun"])
+    assert result.returncode == 127
+    assert "command 'no-such-command-for-horovodrun' not found" in result.stderr
+
+
+def test_check_build_is_truthful(hvdrun):
+    result = hvdrun(["--check-build"])
+    assert result.returncode == 0, result.stderr
+
+    def mark(ok):
+        return "[X]" if ok else "[ ]"
+
+    have = {m: importlib.util.find_spec(m) is not None for m in ("tensorflow", "torch", "mxnet", "mpi4py")}
+    out = result.stdout
+    assert out.startswith("Horovod v0.28.1:")
+    frameworks = out.split("Available Frameworks:")[1].split("Available Controllers:")[0]
+    controllers = out.split("Available Controllers:")[1].split("Available Tensor Operations:")[0]
+    ops = out.split("Available Tensor Operations:")[1]
+    assert f"{mark(have['tensorflow'])} TensorFlow" in frameworks
+    assert f"{mark(have['torch'])} PyTorch" in frameworks
+    assert f"{mark(have['mxnet'])} MXNet" in frameworks
+    assert f"{mark(have['mpi4py'])} MPI" in controllers and "[X] Gloo" in controllers
+    assert "[ ] NCCL" in ops and f"{mark(have['mpi4py'])} MPI" in ops and "[X] Gloo" in ops
+
+
+def test_version(hvdrun):
+    result = hvdrun(["--version"])
+    assert (result.returncode, result.stdout.strip()) == (0, "0.28.1")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--bogus", "-np", "1", "true"], "unrecognized arguments: --bogus"),
+    (["-np", "x", "true"], "argument -np/--num-proc: invalid int value: 'x'"),
+    (["-np", "2"], "no command to run"),
+    (["true"], "-np/--num-proc is required"),
+    (["-np", "0", "true"], "-np/--num-proc must be >= 1"),
+    (["-np", "3", "-H", "localhost:2", "true"], "requested 3 processes but the hosts provide only 2 slots"),
+    (["-np", "2", "-H", "localhost:1,remote-host.example:1", "true"], "not available yet"),
+    (["-np", "2", "--min-np", "1", "true"], "elastic mode (--min-np) is not yet supported"),
+    (["-np", "2", "--host-discovery-script", "d.sh", "true"], "elastic mode (--host-discovery-script)"),
+    (["-np", "2", "--mpi", "true"], "launching with mpi (--mpi) is not yet supported"),
+    (["-np", "2", "--hostfile", "/nonexistent/hosts", "true"], "cannot read --hostfile"),
+])
+def test_usage_errors_exit_2(hvdrun, args, fragment):
+    result = hvdrun(args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_console_script(tmp_path):
+    exe = shutil.which("horovodrun")
+    if exe is None:
+        pytest.skip("the horovodrun console script is not installed (pip install -e .)")
+    result = subprocess.run([exe, "-np", "2", "sh", "-c", "echo rank $HOROVOD_RANK"], capture_output=True,
+                            text=True, timeout=CALL_TIMEOUT_S, env=child_env(), stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[0]<stdout>:rank 0", "[1]<stdout>:rank 1"]
