@@ -10,7 +10,9 @@ How it works, and why:
   memory when the last mapping goes.
 * **Progress.** Each rank publishes a step counter in its header.  All ranks of a group make the same steps in the
   same order, so "peer q reached step s" denotes the same protocol point on every rank.  Data written before a
-  step is visible to whoever sees the step (x86-TSO store ordering; the wake-up syscalls are barriers anyway).
+  step is visible to whoever sees the step because x86 orders stores with stores and loads with loads (TSO);
+  Python cannot issue a fence, so on weakly ordered CPUs (ARM, POWER) :func:`create_shm` refuses and the engine
+  falls back to tcp.
 * **Wake-ups without spinning.** After a step a rank writes to every peer's eventfd.  A waiter re-reads the
   counters, spins for a few microseconds only when every rank has a core of its own, then blocks in ``poll()`` on
   its eventfd plus one UNIX socket per peer; a peer's socket hangs up when that process exits, which turns into a
@@ -27,17 +29,18 @@ How it works, and why:
 * **Subgroups** are created lazily at their first collective: the members exchange fresh segments over the same
   sockets, share the world's eventfds, and keep their own counters, so they never wait on non-members.
 
-Calls on one transport (and its subgroups) must come from one thread at a time.  Linux only (memfd/eventfd/
-abstract UNIX sockets; a pipe replaces eventfd where it is missing).
+Calls on one transport (and its subgroups) must come from one thread at a time.  A child forked after setup
+(e.g. a data-loader worker) drops its copies of the sockets, so it cannot mask its parent's death.  Built for
+Linux (memfd, eventfd, abstract UNIX sockets; a /dev/shm file, a pipe and a socket file are the fallbacks).
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import logging
-import math
 import mmap
 import os
+import platform
 import secrets
 import select
 import socket
@@ -45,6 +48,7 @@ import struct
 import sys
 import tempfile
 import time
+import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -56,9 +60,12 @@ from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, LocalTrans
 logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
-DEFAULT_SEGMENT_BYTES = 16 * MIB  # two halves of 8 MiB: the most memory a rank adds per group
-DEFAULT_CHUNK_BYTES = 4 * MIB  # allreduce pipeline chunk (fits L3 together with the peers' chunks)
-DEFAULT_SMALL_BYTES = 64 * 1024  # below this an allreduce is one step (every rank reduces everything)
+# Measured on 2 cores: smaller chunks and halves keep the working set in L2/L3 and beat larger ones at 64 MiB.
+DEFAULT_SEGMENT_BYTES = 4 * MIB  # two halves of 2 MiB: all the memory a rank adds per group
+DEFAULT_CHUNK_BYTES = 1 * MIB  # allreduce pipeline chunk
+# An allreduce of n bytes is one step (every rank reduces all n * size bytes) while n * size <= this: measured
+# crossover with the two-step reduce-scatter + allgather at 512 KiB (np = 2) and 256 KiB (np = 4).
+DEFAULT_SMALL_BYTES = 1 * MIB
 DEFAULT_SPIN_US = 20.0  # only when every rank of the group has a core of its own
 
 _PAGE = 4096
@@ -69,6 +76,19 @@ _LEN = struct.Struct("<Q")
 _ONE = struct.pack("<Q", 1)
 _POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
 _IO_CHUNK = 4 * MIB
+_SPIN_BACKOFF_MAX = 64  # waits without spinning after repeated fruitless spins
+_TSO_MACHINES = {"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"}
+_LIVE_NODES: "weakref.WeakSet[_Node]" = weakref.WeakSet()
+
+
+def _drop_in_forked_child() -> None:
+    """In a child forked after setup: close inherited sockets so the parent's death still hangs them up."""
+    for node in list(_LIVE_NODES):
+        node.close(in_child=True)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_forked_child)
 
 
 def _round_up(n: int, k: int) -> int:
@@ -82,20 +102,20 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+_UFUNCS = {SUM: np.add, MIN: np.minimum, MAX: np.maximum, PRODUCT: np.multiply}
+_BOOL_UFUNCS = {SUM: np.logical_or, MAX: np.logical_or, MIN: np.logical_and, PRODUCT: np.logical_and}
+
+
 def _binary(dtype: np.dtype, op: str):
     """The elementwise ufunc of ``op`` (bool: sum/max are OR, min/product are AND, as in ``reduce_into``)."""
-    if dtype == np.bool_:
-        return np.logical_or if op in (SUM, MAX) else np.logical_and
-    try:
-        return {SUM: np.add, MIN: np.minimum, MAX: np.maximum, PRODUCT: np.multiply}[op]
-    except KeyError:
-        raise ValueError(f"shm transport: unsupported reduce op {op!r}; expected one of sum, min, max, product") \
-            from None
+    f = (_BOOL_UFUNCS if dtype == np.bool_ else _UFUNCS).get(op)
+    if f is None:
+        raise ValueError(f"shm transport: unsupported reduce op {op!r}; expected one of sum, min, max, product")
+    return f
 
 
-def _combine(out: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> None:
-    """``out = srcs[0] op srcs[1] op ...`` in this order (``out`` must not alias any source but ``srcs[0]``)."""
-    f = _binary(out.dtype, op)
+def _combine(f, out: np.ndarray, srcs: Sequence[np.ndarray]) -> None:
+    """``out = srcs[0] f srcs[1] f ...`` in this order (``out`` must not alias any source but ``srcs[0]``)."""
     f(srcs[0], srcs[1], out=out)
     for x in srcs[2:]:
         f(out, x, out=out)
@@ -150,7 +170,8 @@ def _layout(segment_bytes: int, size: int) -> Tuple[int, int, int, int]:
     """
     meta = _round_up(8 * (size + 2), _LINE)
     data_off = _round_up(128 + 2 * meta, _PAGE)
-    half = max(_PAGE, segment_bytes // 2 // _PAGE * _PAGE)
+    # at least one cache line per peer in the per-destination subslots of alltoallv / reducescatter
+    half = max(_round_up(size * _LINE, _PAGE), segment_bytes // 2 // _PAGE * _PAGE)
     return meta, data_off, half, data_off + 2 * half
 
 
@@ -230,8 +251,8 @@ class _Node:
         self.rank, self.size = boot.rank, boot.size
         self.timeout = float(boot.timeout)
         self.token = hmac.new(boot.secret, b"shm|" + boot.scope.encode(), hashlib.sha256).hexdigest()[:16]
-        self.segment_bytes = max(int(opts.get("shm_segment_bytes", DEFAULT_SEGMENT_BYTES)), 64 * 1024)
-        self.chunk_bytes = max(int(opts.get("shm_chunk_bytes", DEFAULT_CHUNK_BYTES)), 4096)
+        self.segment_bytes = max(int(opts.get("shm_segment_bytes", DEFAULT_SEGMENT_BYTES)), 2 * _PAGE)
+        self.chunk_bytes = max(int(opts.get("shm_chunk_bytes", DEFAULT_CHUNK_BYTES)), _PAGE)
         self.small_bytes = int(opts.get("shm_small_bytes", DEFAULT_SMALL_BYTES))
         self.spin_us = opts.get("shm_spin_us")
         self.backing = str(opts.get("shm_backing", "memfd"))
@@ -244,6 +265,7 @@ class _Node:
         self.groups: Dict[Tuple[int, ...], "ShmTransport"] = {}
         self.world: Optional["ShmTransport"] = None
         self.closed = False
+        _LIVE_NODES.add(self)
 
     def segment_name(self, what: str) -> str:
         return f"hvd-shm-{self.token}-{what}-r{self.rank}-{secrets.token_hex(4)}"
@@ -274,10 +296,11 @@ class _Node:
                 path = addr = os.path.join(tempfile.gettempdir(), f"hvd-shm-{self.token}-{secrets.token_hex(6)}")
             listener.bind(addr)
             listener.listen(max(self.size, 16))
-            boot.store.put(scope, f"addr.{self.rank}", addr.encode())
+            self._store(boot.store.put, scope, f"addr.{self.rank}", addr.encode())
             for q in range(self.rank):  # connect to lower ranks, accept higher ones: no cycle, no deadlock
                 what = f"local rank {q}"
-                peer_addr = boot.store.get(scope, f"addr.{q}", timeout=max(0.1, deadline - time.monotonic()))
+                peer_addr = self._store(boot.store.get, scope, f"addr.{q}",
+                                        timeout=max(0.1, deadline - time.monotonic()))
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
                     sock.settimeout(max(0.1, deadline - time.monotonic()))
@@ -306,7 +329,9 @@ class _Node:
                 except socket.timeout:
                     continue
                 try:
-                    theirs = _sk.authenticate(sock, boot.secret, False, hello, max(0.1, remaining), "a local peer")
+                    # a genuine peer answers at once; a silent stranger must not eat the whole deadline
+                    theirs = _sk.authenticate(sock, boot.secret, False, hello, max(0.1, min(remaining, 10.0)),
+                                              "a local peer")
                     sc, _, qs = theirs.decode(errors="replace").rpartition("|")
                     q = int(qs) if qs.isdigit() else -1
                     if sc != scope or not self.rank < q < self.size or q in seg_fds:
@@ -332,6 +357,13 @@ class _Node:
                 except OSError:
                     pass
         return seg_fds
+
+    @staticmethod
+    def _store(call, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except (TimeoutError, ConnectionError, PermissionError) as exc:
+            raise TransportError(f"shm transport: rendezvous failed while finding the local peers: {exc}") from exc
 
     def _exchange(self, sock: socket.socket, q: int, seg_fd: int, seg_bytes: int, digest: bytes,
                   deadline: float) -> int:
@@ -372,14 +404,15 @@ class _Node:
             group = self.groups[members] = ShmTransport(self, members)
         return group
 
-    def close(self) -> None:
+    def close(self, in_child: bool = False) -> None:
+        """Release every group, socket and descriptor (``in_child``: only descriptors; mappings die with us)."""
         if self.closed:
             return
         self.closed = True
-        for group in list(self.groups.values()):
-            group._release()
-        if self.world is not None:
-            self.world._release()
+        _LIVE_NODES.discard(self)
+        for group in [] if in_child else list(self.groups.values()) + [self.world]:
+            if group is not None:
+                group._release()
         for peer in self.peers.values():
             _sk.maybe_close(peer.sock)
             try:
@@ -417,15 +450,16 @@ class ShmTransport(Transport):
         self._rounds = 0
         self._free_at = [0, 0]
         self._maps: List[mmap.mmap] = []
-        self._typed_cache: Dict[Tuple[str, int], List[np.ndarray]] = {}
-        self._sub_cache: Dict[Tuple[str, int], List[List[np.ndarray]]] = {}
+        self._typed_cache: Dict[Tuple[np.dtype, int], List[np.ndarray]] = {}
+        self._sub_cache: Dict[Tuple[np.dtype, int], List[List[np.ndarray]]] = {}
         self._bounds_cache: Dict[Tuple[int, int], List[int]] = {}
         self._meta_bytes, self._data_off, self._half_bytes, self._seg_total = _layout(node.segment_bytes, self.size)
         self._sub_bytes = self._half_bytes // self.size // _LINE * _LINE
         self._chunk_bytes = min(node.chunk_bytes, self._half_bytes)
-        self._small_bytes = min(node.small_bytes, self._half_bytes)
+        self._small_bytes = node.small_bytes
         spin = node.spin_us if node.spin_us is not None else (DEFAULT_SPIN_US if self.size <= node.cpus else 0.0)
         self._spin_s = float(spin) * 1e-6
+        self._spin_skip = self._spin_backoff = 0
         self._peers = [q for q in range(self.size) if q != self.rank]
         self._wake_fds = [node.peers[members[q]].wake_fd for q in self._peers]
         self._poller = select.poll()
@@ -439,12 +473,6 @@ class ShmTransport(Transport):
             self._attach(seg_fds)
 
     # -- memory ------------------------------------------------------------------------------------------------
-
-    def _new_segment(self) -> int:
-        fd = _new_segment_fd(self._node.segment_name("g" + "-".join(map(str, self._members))
-                                                     if self.size < self._node.size else "w"),
-                             self._seg_total, self._node.backing)
-        return fd
 
     def _attach(self, seg_fds: Dict[int, int]) -> None:
         """Map every member's segment (``seg_fds`` keyed by group rank, own included); closes the descriptors."""
@@ -468,7 +496,7 @@ class ShmTransport(Transport):
         node = self._node
         deadline = time.monotonic() + node.timeout
         digest = node.group_digest(self._members)
-        own = self._new_segment()
+        own = _new_segment_fd(node.segment_name("g" + digest[:4].hex()), self._seg_total, node.backing)
         fds: Dict[int, int] = {self.rank: own}
         try:
             for q in self._peers:
@@ -495,15 +523,14 @@ class ShmTransport(Transport):
         self._attach(fds)
 
     def _typed(self, dtype: np.dtype, h: int) -> List[np.ndarray]:
-        key = (dtype.str, h)
-        views = self._typed_cache.get(key)
+        views = self._typed_cache.get((dtype, h))
         if views is None:
-            views = self._typed_cache[key] = [self._half[q][h].view(dtype) for q in range(self.size)]
+            views = self._typed_cache[(dtype, h)] = [self._half[q][h].view(dtype) for q in range(self.size)]
         return views
 
     def _subslots(self, dtype: np.dtype, h: int) -> List[List[np.ndarray]]:
         """``[q][p]``: the part of rank q's half ``h`` that holds q's data for rank p."""
-        key = (dtype.str, h)
+        key = (dtype, h)
         views = self._sub_cache.get(key)
         if views is None:
             b = self._sub_bytes
@@ -546,13 +573,19 @@ class ShmTransport(Transport):
         if not pending:
             return
         if self._spin_s:
-            end = time.perf_counter() + self._spin_s
-            while True:
-                pending = [q for q in pending if seqs[q][0] < target]
-                if not pending:
-                    return
-                if time.perf_counter() > end:
-                    break
+            if self._spin_skip:
+                self._spin_skip -= 1
+            else:
+                end = time.perf_counter() + self._spin_s
+                while True:
+                    pending = [q for q in pending if seqs[q][0] < target]
+                    if not pending:
+                        self._spin_backoff = 0
+                        return
+                    if time.perf_counter() > end:
+                        break
+                # The peer was not about to arrive (it is descheduled or just slower): spin less often for a while.
+                self._spin_backoff = self._spin_skip = min(_SPIN_BACKOFF_MAX, 2 * self._spin_backoff or 1)
         self._block(target, pending)
 
     def _block(self, target: int, pending: List[int]) -> None:
@@ -561,7 +594,7 @@ class ShmTransport(Transport):
         while True:
             dead = [q for q in pending if self._members[q] in node.gone]
             if dead:
-                self._raise_dead(dead[0], target)
+                self._raise_dead(dead, target)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 names = ", ".join(node.describe(self._members[q]) for q in pending)
@@ -584,10 +617,11 @@ class ShmTransport(Transport):
             if not pending:
                 return
 
-    def _raise_dead(self, q: int, target: int) -> None:
+    def _raise_dead(self, dead: List[int], target: int) -> None:
+        names = ", ".join(f"{self._node.describe(self._members[q])} (group rank {q})" for q in dead)
         raise TransportError(
-            f"shm transport: {self._node.describe(self._members[q])} (group rank {q}) exited or was killed while "
-            f"rank {self.rank} waited for it in {self._op} (step {target}); the group cannot continue", peer=q)
+            f"shm transport: {names} exited or was killed while rank {self.rank} waited for it in {self._op} "
+            f"(step {target}); the group cannot continue", peer=dead[0])
 
     # -- collectives -------------------------------------------------------------------------------------------
 
@@ -598,26 +632,36 @@ class ShmTransport(Transport):
         self._wait(self._step())
 
     def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
-        _binary(buf.dtype, op)
+        f = _binary(buf.dtype, op)
         if self.size == 1 or buf.size == 0:
             return
         _byte_view(buf)
         self._enter("allreduce")
-        if buf.nbytes <= self._small_bytes:
-            self._allreduce_small(buf, op)
+        if buf.dtype.kind in "fc":
+            with np.errstate(all="ignore"):  # inf / nan are defined results (think loss scaling), not errors
+                self._allreduce(buf, f)
+        else:
+            self._allreduce(buf, f)
+
+    def _allreduce(self, buf: np.ndarray, f) -> None:
+        if buf.nbytes * self.size <= self._small_bytes and buf.nbytes <= self._half_bytes:
+            self._allreduce_small(buf, f)
         else:
             step = max(1, self._chunk_bytes // buf.itemsize)
             for start in range(0, buf.size, step):
-                self._allreduce_chunk(buf[start:start + step], op)
+                self._allreduce_chunk(buf[start:start + step], f)
 
-    def _allreduce_small(self, buf: np.ndarray, op: str) -> None:
+    def _allreduce_small(self, buf: np.ndarray, f) -> None:
+        """One step: everyone publishes its buffer, then everyone reduces all of them (in rank order)."""
         n = buf.size
         h = self._next_half(True)
         views = self._typed(buf.dtype, h)
-        np.copyto(views[self.rank][:n], buf)
+        views[self.rank][:n] = buf
         s = self._step()
         self._wait(s)
-        _combine(buf, [v[:n] for v in views], op)
+        f(views[0][:n], views[1][:n], out=buf)
+        for v in views[2:]:
+            f(buf, v[:n], out=buf)
         self._free_at[h] = s + 1
 
     def _share_bounds(self, n: int, itemsize: int) -> List[int]:
@@ -633,7 +677,7 @@ class ShmTransport(Transport):
             self._bounds_cache[key] = b
         return b
 
-    def _allreduce_chunk(self, chunk: np.ndarray, op: str) -> None:
+    def _allreduce_chunk(self, chunk: np.ndarray, f) -> None:
         r, n = self.rank, chunk.size
         h = self._next_half(True)
         views = self._typed(chunk.dtype, h)
@@ -647,7 +691,7 @@ class ShmTransport(Transport):
             np.copyto(mine[hi:n], chunk[hi:n])
         self._wait(self._step())
         if hi > lo:
-            _combine(mine[lo:hi], [chunk[lo:hi] if q == r else views[q][lo:hi] for q in range(self.size)], op)
+            _combine(f, mine[lo:hi], [chunk[lo:hi] if q == r else views[q][lo:hi] for q in range(self.size)])
         s = self._step()
         self._wait(s)
         for i in range(self.size):
@@ -767,7 +811,7 @@ class ShmTransport(Transport):
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = SUM) -> None:
         counts = self._check_counts(counts, "counts")
-        _binary(send.dtype, op)
+        f = _binary(send.dtype, op)
         r = self.rank
         if send.size < sum(counts) or recv.size < counts[r]:
             raise ValueError(f"reducescatter: send has {send.size} elements (sum(counts) = {sum(counts)}), recv has "
@@ -778,10 +822,19 @@ class ShmTransport(Transport):
         if self.size == 1:
             recv[:counts[0]] = send[:counts[0]]
             return
-        _byte_view(send), _byte_view(recv)
+        _byte_view(send)  # checks the layout
+        _byte_view(recv)
         self._enter("reducescatter")
         if np.may_share_memory(send, recv):
             send = send.copy()
+        if send.dtype.kind in "fc":
+            with np.errstate(all="ignore"):
+                self._reducescatter(send, recv, counts, displ, f)
+        else:
+            self._reducescatter(send, recv, counts, displ, f)
+
+    def _reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: List[int], displ: List[int], f) -> None:
+        r = self.rank
         B = self._sub_bytes // send.itemsize
         for off in range(0, max(counts), B):
             h = self._next_half(True)
@@ -795,8 +848,8 @@ class ShmTransport(Transport):
             m = min(B, max(0, counts[r] - off))
             if m:
                 lo = displ[r] + off
-                _combine(recv[off:off + m], [send[lo:lo + m] if q == r else sub[q][r][:m]
-                                             for q in range(self.size)], op)
+                _combine(f, recv[off:off + m], [send[lo:lo + m] if q == r else sub[q][r][:m]
+                                                for q in range(self.size)])
             self._free_at[h] = s + 1
 
     def sendrecv(self, send: Optional[np.ndarray], dest: Optional[int], recv: Optional[np.ndarray],
@@ -924,15 +977,20 @@ class ShmTransport(Transport):
                 del self._node.groups[self._members]
 
 
-@register("shm")
+_MEMORY_ORDER_OK = platform.machine().lower() in _TSO_MACHINES
+
+
+# Not registered on weakly ordered CPUs, so that the engine's automatic choice falls back to tcp there.
+@register("shm") if _MEMORY_ORDER_OK else (lambda factory: factory)
 def create_shm(boot: Bootstrap) -> ShmTransport:
     """Connect the ranks of ``boot`` (all on this host) through shared memory.
 
     Args:
         boot: the world bootstrap; ``boot.store`` carries the UNIX socket addresses under ``boot.scope + '-shm'``.
-            Options: ``shm_segment_bytes`` (per rank, default 16 MiB), ``shm_chunk_bytes`` (allreduce pipeline
-            chunk), ``shm_small_bytes`` (one-step allreduce threshold), ``shm_spin_us`` (spin before blocking;
-            default 20 µs when every rank has a core, else 0), ``shm_backing`` (``memfd`` or ``file``).
+            Options: ``shm_segment_bytes`` (per rank and group, default 4 MiB), ``shm_chunk_bytes`` (allreduce
+            pipeline chunk, 1 MiB), ``shm_small_bytes`` (one-step allreduce while bytes × size is at most this,
+            1 MiB), ``shm_spin_us`` (adaptive spin before blocking; default 20 µs when every rank has a core,
+            else 0), ``shm_backing`` (``memfd`` or ``file``).
 
     Raises:
         TransportError: the ranks are not all on this host, or a peer did not connect in ``boot.timeout``.
@@ -940,6 +998,9 @@ def create_shm(boot: Bootstrap) -> ShmTransport:
     if boot.size != boot.local_size:
         raise TransportError(f"shm transport needs every rank on one host, but size = {boot.size} and local_size = "
                              f"{boot.local_size}; use tcp (or hierarchical shm + tcp) across hosts")
+    if not _MEMORY_ORDER_OK:
+        raise TransportError(f"shm transport relies on x86 memory ordering and this CPU is "
+                             f"{platform.machine()!r}; use the tcp transport here")
     node = _Node(boot)
     try:
         members = tuple(range(boot.size))
@@ -949,7 +1010,6 @@ def create_shm(boot: Bootstrap) -> ShmTransport:
         else:
             if boot.store is None:
                 raise TransportError("shm transport needs the rendezvous store to find its local peers")
-            world = ShmTransport.__new__(ShmTransport)
             seg_bytes = _layout(node.segment_bytes, boot.size)[3]
             own = _new_segment_fd(node.segment_name("w"), seg_bytes, node.backing)
             try:
@@ -958,7 +1018,7 @@ def create_shm(boot: Bootstrap) -> ShmTransport:
                 os.close(own)
                 raise
             seg_fds[boot.rank] = own
-            ShmTransport.__init__(world, node, members, seg_fds)
+            world = ShmTransport(node, members, seg_fds)
         node.world = world
         return world
     except BaseException:
