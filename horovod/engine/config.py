@@ -132,7 +132,7 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("inline_bytes", int, 4096, "HOROVOD_INLINE_BYTES", None, None,
          "Allreduces of at most this many bytes travel with their request and are reduced by the coordinator "
          "(one round trip instead of negotiation plus a collective); 0 disables."),
-    Knob("small_message_bytes", int, 64 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
+    Knob("small_message_bytes", int, 256 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
          "Below this many bytes collectives use latency-optimal algorithms instead of rings."),
 )
 
