@@ -155,7 +155,9 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
                      scope=scope + "-" + name,
                      options={"small_message_bytes": config.small_message_bytes, "mpi_comm": mpi_comm,
                               "fusion_threshold": config.fusion_threshold,
-                              "hierarchical_allreduce": config.hierarchical_allreduce,
+                              # Multi-host jobs use it unless HOROVOD_HIERARCHICAL_ALLREDUCE=0 says otherwise.
+                              "hierarchical_allreduce": config.hierarchical_allreduce
+                              or "hierarchical_allreduce" not in config.fixed,
                               "hierarchical_allgather": config.hierarchical_allgather,
                               "mpi_threads_disable": config.mpi_threads_disable})
     try:

@@ -1,0 +1,136 @@
+"""Hierarchical data plane: shared memory inside each host, TCP across hosts.
+
+A large allreduce is split in three: a shared-memory reduce-scatter among the ranks of each host, a TCP allreduce
+of each rank's share among the ranks that hold the same share on the other hosts, and a shared-memory allgather.
+Only ``1 / local_size`` of the data crosses the network from each rank, and every host link carries traffic at
+once.  When hosts run different numbers of ranks, the local leaders do the cross-host step for the whole host.
+Collectives other than allreduce, and process-set subgroups, use the flat TCP mesh.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from horovod.transport.base import SUM, Bootstrap, Transport, register
+from horovod.transport.shm import create_shm
+from horovod.transport.tcp import create_tcp
+
+logger = logging.getLogger(__name__)
+
+
+def host_groups(hostnames: Sequence[str]) -> List[List[int]]:
+    """Global ranks grouped by host, hosts in order of their lowest rank (pure)."""
+    groups: Dict[str, List[int]] = {}
+    for rank, host in enumerate(hostnames):
+        groups.setdefault(host, []).append(rank)
+    return list(groups.values())
+
+
+def even_counts(n: int, parts: int) -> List[int]:
+    base, extra = divmod(n, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+class HierarchicalTransport(Transport):
+    """Allreduce through shared memory + TCP; everything else through the TCP mesh.
+
+    Args:
+        flat: the TCP transport over every rank.
+        local: the shared-memory transport over this host's ranks.
+        groups: global ranks per host.
+        hierarchical_allreduce: False to use the flat TCP allreduce (``HOROVOD_HIERARCHICAL_ALLREDUCE=0``).
+    """
+
+    name = "hierarchical"
+
+    def __init__(self, flat: Transport, local: Transport, groups: List[List[int]], hierarchical_allreduce: bool):
+        self.flat, self.local = flat, local
+        self.rank, self.size = flat.rank, flat.size
+        self.groups = groups
+        self.enabled = hierarchical_allreduce
+        self.homogeneous = len({len(g) for g in groups}) == 1
+        my_group = next(g for g in groups if self.rank in g)
+        self.local_index = my_group.index(self.rank)
+        # Ranks holding the same share on every host (homogeneous), and one leader per host (otherwise).
+        self.cross = flat.subgroup([g[self.local_index] for g in groups]) if self.homogeneous else None
+        self.leaders = flat.subgroup([g[0] for g in groups]) if self.local_index == 0 else None
+        self._scratch = np.empty(0, dtype=np.uint8)
+
+    def _share(self, count: int, dtype: np.dtype) -> np.ndarray:
+        nbytes = count * dtype.itemsize
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, dtype=np.uint8)
+        return self._scratch[:nbytes].view(dtype)
+
+    def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
+        # Every decision below depends only on values all ranks share, so all ranks take the same path.
+        if len(self.groups) == 1:
+            self.local.allreduce(buf, op)
+        elif not self.enabled or all(len(g) == 1 for g in self.groups):
+            self.flat.allreduce(buf, op)
+        elif self.homogeneous and buf.size >= self.local.size:
+            counts = even_counts(buf.size, self.local.size)
+            share = self._share(counts[self.local_index], buf.dtype)
+            self.local.reducescatter(buf, share, counts, op)
+            self.cross.allreduce(share, op)
+            self.local.allgatherv(share, buf, counts)
+        else:
+            self.local.allreduce(buf, op)
+            if self.local_index == 0:
+                self.leaders.allreduce(buf, op)
+            self.local.broadcast(buf, 0)
+
+    def allgatherv(self, send, recv, counts):
+        self.flat.allgatherv(send, recv, counts)
+
+    def broadcast(self, buf, root):
+        self.flat.broadcast(buf, root)
+
+    def alltoallv(self, send, send_counts, recv, recv_counts):
+        self.flat.alltoallv(send, send_counts, recv, recv_counts)
+
+    def reducescatter(self, send, recv, counts, op=SUM):
+        self.flat.reducescatter(send, recv, counts, op)
+
+    def sendrecv(self, send, dest, recv, source):
+        self.flat.sendrecv(send, dest, recv, source)
+
+    def barrier(self):
+        self.flat.barrier()
+
+    def subgroup(self, ranks):
+        if list(ranks) == list(range(self.size)):
+            return self
+        return self.flat.subgroup(ranks)
+
+    def close(self):
+        try:
+            self.local.close()
+        finally:
+            self.flat.close()
+
+
+@register("hierarchical")
+def create_hierarchical(boot: Bootstrap) -> Transport:
+    """Connect the TCP mesh, find which ranks share this host, and connect them through shared memory."""
+    flat = create_tcp(Bootstrap(boot.rank, boot.size, local_rank=boot.local_rank, local_size=boot.local_size,
+                                cross_rank=boot.cross_rank, cross_size=boot.cross_size, hostname=boot.hostname,
+                                store=boot.store, secret=boot.secret, bind_addr=boot.bind_addr, timeout=boot.timeout,
+                                scope=boot.scope + "-tcp", options=boot.options))
+    try:
+        boot.store.put(boot.scope + "-hosts", str(boot.rank), boot.hostname.encode())
+        hostnames = [boot.store.get(boot.scope + "-hosts", str(r), timeout=boot.timeout).decode()
+                     for r in range(boot.size)]
+        groups = host_groups(hostnames)
+        mine = next(g for g in groups if boot.rank in g)
+        index = mine.index(boot.rank)
+        local = create_shm(Bootstrap(index, len(mine), local_rank=index, local_size=len(mine),
+                                     hostname=boot.hostname, store=boot.store, secret=boot.secret,
+                                     bind_addr=boot.bind_addr, timeout=boot.timeout,
+                                     scope=f"{boot.scope}-shm-{mine[0]}", options=boot.options))
+    except BaseException:
+        flat.close()
+        raise
+    return HierarchicalTransport(flat, local, groups, bool(boot.options.get("hierarchical_allreduce", True)))
