@@ -1,0 +1,254 @@
+"""Known engine bugs, each pinned by a strict xfail: when a fix lands the test XPASSes, fails, and the marker goes.
+
+Each reason names the defect precisely; the test body is the reproduction.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine_helpers import run
+from horovod.engine import negotiation, ops
+from horovod.engine.messages import Request
+
+
+# ------------------------------------------------------------------------------------------------ 0-d tensors
+def scalar_worker() -> dict:
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    size = hvd.size()
+    out = {"shapes": {}, "raises": {}}
+    out["shapes"]["allreduce(np.float32 scalar)"] = np.shape(hvd.allreduce(np.float32(2), op=hvd.Sum, name="s1"))
+    out["shapes"]["allreduce(0-d array)"] = np.shape(hvd.allreduce(np.array(2.0), op=hvd.Sum, name="s2"))
+    out["shapes"]["allreduce_async + synchronize"] = np.shape(
+        hvd.synchronize(hvd.allreduce_async(np.array(2, np.int32), op=hvd.Sum, name="s3")))
+    out["shapes"]["broadcast(0-d array)"] = np.shape(hvd.broadcast(np.array(5.0), 0, name="s4"))
+    out["shapes"]["grouped_allreduce member"] = np.shape(
+        hvd.grouped_allreduce([np.array(1.0), np.ones(2)], op=hvd.Sum, name="s5")[0])
+    for label, call in (("allgather", lambda: hvd.allgather(np.array(1.0), name="s6")),
+                        ("reducescatter", lambda: hvd.reducescatter(np.array(1.0), name="s7"))):
+        try:
+            call()
+            out["raises"][label] = "returned normally"
+        except ValueError as exc:
+            out["raises"][label] = "ValueError: " + str(exc)
+        except Exception as exc:  # noqa: BLE001
+            out["raises"][label] = f"{type(exc).__name__}: {exc}"
+    out["size"] = size
+    hvd.shutdown()
+    return out
+
+
+@pytest.fixture(scope="module")
+def scalar_results():
+    return run(scalar_worker, 2, "tcp", timeout=60)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "horovod/numpy/__init__.py::_arr uses np.ascontiguousarray, which turns 0-d inputs into shape (1,): "
+    "hvd.allreduce / allreduce_async / broadcast / grouped_allreduce of a scalar return shape (1,) instead of () "
+    "(horovod.torch returns a 0-d tensor); use np.asarray(...) + np.ascontiguousarray only when ndim > 0"))
+def test_numpy_binding_keeps_scalars_0d(scalar_results):
+    for out in scalar_results:
+        wrong = {k: v for k, v in out["shapes"].items() if tuple(v) != ()}
+        assert not wrong, f"0-d inputs came back with shapes {wrong}"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "same root cause (_arr in horovod/numpy/__init__.py reshapes 0-d to (1,)): hvd.allgather and "
+    "hvd.reducescatter of a 0-d array silently run on a 1-element vector instead of raising ValueError "
+    "('scalars -> ValueError' for reducescatter, rank-zero allgather is an error in the contract); the engine-level "
+    "checks in horovod/engine/collectives.py never see ndim == 0 (alltoall of a 0-d array only fails by accident, "
+    "with the 'divisible' message, and succeeds at np=1)"))
+def test_numpy_binding_rejects_scalars_where_the_contract_does(scalar_results):
+    for out in scalar_results:
+        not_raised = {k: v for k, v in out["raises"].items() if not v.startswith("ValueError")}
+        assert not not_raised, not_raised
+
+
+# ------------------------------------------------------------------------------------------------ process sets
+def process_set_mismatch_worker() -> dict:
+    import os
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from horovod.engine import collectives
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    low = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[low])
+    # Same tensor name; rank 1 names the process set {0, 1}, ranks 0 and 2 the global set.
+    set_id = low.process_set_id if rank == 1 else 0
+    handle = collectives.allreduce_async([np.ones(3)], ["allreduce.ps_mismatch"], op=hvd.Sum, process_set=set_id)
+    try:
+        handle.wait(timeout=10)  # a negotiated error takes milliseconds; 10 s means the job would hang
+        outcome = ("completed", "")
+    except TimeoutError as exc:
+        outcome = ("hang", str(exc))
+    except hvd.HorovodInternalError as exc:
+        outcome = ("HorovodInternalError", str(exc))
+    hvd.shutdown()
+    return {"outcome": outcome}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "process-set mismatch hangs instead of erroring: horovod/engine/negotiation.py Coordinator keeps pending "
+    "requests per process set (ProcessSetState.pending), so requests for one name on different sets never meet "
+    "and validate()'s 'Mismatched process sets' check is unreachable; every rank waits forever (until the stall "
+    "inspector, if enabled). Repro: np=3, init(process_sets=[ProcessSet([0, 1])]), rank 1 allreduces "
+    "'allreduce.ps_mismatch' on that set, ranks 0 and 2 on the global set"))
+def test_process_set_mismatch_is_an_error_on_every_rank_not_a_hang():
+    results = run(process_set_mismatch_worker, 3, "tcp", timeout=90)
+    outcomes = [out["outcome"] for out in results]
+    assert all(kind == "HorovodInternalError" and "process set" in text.lower() for kind, text in outcomes), \
+        "\n".join(f"rank {r}: {kind}: {text[:200]}" for r, (kind, text) in enumerate(outcomes))
+
+
+# ------------------------------------------------------------------------------------------------ join + inline
+def join_inline_worker() -> dict:
+    import os
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    hvd.init()
+    out = {}
+    if rank != 0:  # rank 0 joins at once and contributes zeros to everything below
+        for n in (4, 4096):  # 16 bytes travel inline with the request; 16 KiB go through the transport
+            for op in ("Min", "Max", "Product", "Sum"):
+                x = np.full(n, (rank + 1.0) * (-1 if op == "Max" else 1), np.float32)
+                out[f"{op}/{n}"] = float(hvd.allreduce(x, op=getattr(hvd, op), name=f"{op}{n}")[0])
+    hvd.join()
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "with a joined rank, tiny allreduces disagree with large ones for Min/Max/Product: "
+    "horovod/engine/negotiation.py reduce_inline() (tensors <= HOROVOD_INLINE_BYTES, default 4096) reduces only "
+    "the active ranks' payloads, while the transport path (executor) stages zeros for joined ranks as the "
+    "contract says ('joined ranks contribute zeros'); e.g. np=3, rank 0 joined, ranks 1,2 send 2.0 and 3.0: "
+    "Min of 4 floats = 2.0 but Min of 4096 floats = 0.0"))
+def test_joined_ranks_contribute_zeros_whatever_the_tensor_size():
+    results = run(join_inline_worker, 3, "tcp", timeout=60)
+    expected = {"Min": 0.0, "Max": 0.0, "Product": 0.0, "Sum": 5.0}
+    for rank in (1, 2):
+        got = results[rank]
+        assert got["Sum/4"] == got["Sum/4096"] == 5.0
+        assert {op: got[f"{op}/4"] for op in expected} == {op: got[f"{op}/4096"] for op in expected} == expected, got
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "horovod/engine/negotiation.py reduce_inline() ignores joined ranks: Coordinator._respond passes only the "
+    "active ranks' requests, so Min/Product over the payloads excludes the zeros a joined rank contributes"))
+def test_reduce_inline_counts_joined_ranks_as_zeros():
+    c = negotiation.Coordinator(3)
+    c.add(Request(rank=0, name="join.noname", kind=ops.JOIN))
+    for r in (1, 2):
+        x = np.full(2, r + 1.0, np.float32)
+        c.add(Request(rank=r, name="t", kind=ops.ALLREDUCE, dtype="float32", shape=(2,), op=ops.Min,
+                      payload=x.tobytes()))
+    (resp,) = c.take_ready()
+    assert resp.joined == (0,)
+    assert np.frombuffer(resp.payload, np.float32).tolist() == [0.0, 0.0]
+
+
+# ------------------------------------------------------------------------------------------------ group fusion
+def group_fusion_worker() -> dict:
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from horovod.engine import fusion
+
+    seen = []
+    original = fusion.plan
+
+    def recording_plan(ready, threshold):
+        planned = original(ready, threshold)
+        seen.append(([list(r.names) for r in ready], [list(r.names) for r in planned]))
+        return planned
+
+    fusion.plan = recording_plan  # rank 0 plans; the wrapper only records
+    hvd.init()
+    a = [np.ones(2048, np.float32) for _ in range(2)]
+    b = [np.ones(2048, np.float32) for _ in range(2)]
+    h1 = hvd.grouped_allreduce_async(a, name="ga")
+    h2 = hvd.grouped_allreduce_async(b, name="gb")
+    hvd.synchronize(h1)
+    hvd.synchronize(h2)
+    hvd.shutdown()
+    return {"plans": seen}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOROVOD_DISABLE_GROUP_FUSION=1 is declared in horovod/engine/config.py but never read: fusion.plan() gets no "
+    "group information (Response has no group field), so two explicit groups ready in the same cycle are fused "
+    "into one buffer; the contract says each group is then fused separately"))
+def test_disable_group_fusion_keeps_groups_apart():
+    results = run(group_fusion_worker, 2, "tcp", timeout=60,
+                  env={"HOROVOD_DISABLE_GROUP_FUSION": "1", "HOROVOD_CYCLE_TIME": "300"})
+    plans = results[0]["plans"]
+    together = [p for p in plans if any(n[0].startswith("grouped_allreduce.ga") for n in p[0])
+                and any(n[0].startswith("grouped_allreduce.gb") for n in p[0])]
+    if not together:
+        pytest.skip(f"the two groups were not ready in the same cycle, nothing to check: {plans}")
+    for _, planned in together:
+        for names in planned:
+            groups = {n.split(".")[1].split("_")[0] for n in names}
+            assert len(groups) == 1, f"one fused buffer mixes groups: {names}"
+
+
+# ------------------------------------------------------------------------------------------------ liveness
+def frozen_peer_worker(victim: int) -> dict:
+    import os
+    import signal
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from horovod.engine import collectives
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    hvd.init()
+    pids = hvd.allgather_object(os.getpid())
+    for i in range(3):
+        hvd.allreduce(np.ones(4096, np.float32), name=f"warmup{i}", op=hvd.Sum)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen between collectives: alive, connected, silent
+    start = time.monotonic()
+    handle = collectives.allreduce_async([np.ones(4096, np.float32)], ["allreduce.after_freeze"], op=hvd.Sum)
+    try:
+        handle.wait(timeout=12)  # six times HOROVOD_GLOO_TIMEOUT_SECONDS
+        outcome = ("completed", "")
+    except TimeoutError:
+        outcome = ("hang", f"no error after {time.monotonic() - start:.0f} s")
+    except hvd.HorovodInternalError as exc:
+        outcome = ("HorovodInternalError", str(exc))
+    try:
+        os.kill(pids[victim], signal.SIGKILL)  # release the harness
+    except ProcessLookupError:
+        pass  # the other survivor was first
+    hvd.shutdown()
+    return {"outcome": outcome}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "no liveness check on the control plane: a rank that stops responding between collectives (SIGSTOP, frozen "
+    "host, network partition without RST) leaves every other rank blocked in synchronize() forever; "
+    "HOROVOD_GLOO_TIMEOUT_SECONDS only bounds data-plane waits (horovod/transport/*), while the coordinator waits "
+    "for requests and workers wait for responses (horovod/engine/runtime.py _run/select with no timeout, "
+    "Handle.wait() without timeout) with no heartbeat. The original's Gloo controller negotiates with Gloo "
+    "collectives, which time out. Same hang when rank 0 (the coordinator) is the frozen one"))
+def test_frozen_peer_becomes_an_error_not_a_hang():
+    results = run(frozen_peer_worker, 3, "tcp", args=(1,), env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "2"}, timeout=90,
+                  expect_failure=True)
+    outcomes = {rank: value["outcome"] for rank, (status, value) in enumerate(results) if status == "ok"}
+    assert set(outcomes) == {0, 2}, results
+    assert all(kind == "HorovodInternalError" for kind, _ in outcomes.values()), outcomes
