@@ -1,0 +1,151 @@
+"""Training throughput: horovod.torch DistributedOptimizer vs torch DistributedDataParallel on Gloo.
+
+    python benchmarks/torch_training.py                       # np = 2, both models
+    python benchmarks/torch_training.py --np 2 --blocks 8 --block-steps 10 --models mlp
+
+One ``horovodrun`` job runs both contenders in the same processes: every rank starts Horovod *and* a Gloo
+``torch.distributed`` process group, builds two identical copies of the model (one with
+``hvd.DistributedOptimizer``, one wrapped in ``DistributedDataParallel``) and then alternates blocks of training
+steps between them (hvd, ddp, ddp, hvd, hvd, ddp, ...).  Same data, optimizer, threads and processes; a busy
+machine slows both alike, so the comparison survives noise that separate runs would not.  Each block is timed
+between barriers; the table reports the median samples/s of each side and the CPU time per step (all threads of
+rank 0, which includes each library's background threads).  Prints a table; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULT_TAG = "BENCH_RESULT "
+
+
+# -- the workload, identical on both sides ---------------------------------------------------------------
+def build(model_name: str):
+    import torch
+
+    torch.manual_seed(0)
+    if model_name == "smallcnn":   # ~0.6 M parameters: compute-bound
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
+            torch.nn.Flatten(), torch.nn.Linear(2048, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    if model_name == "mlp":        # ~4.2 M parameters (17 MB of gradients per step): communication-bound
+        return torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 1024), torch.nn.ReLU(),
+            torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    raise ValueError(f"unknown model {model_name!r}")
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    rank, world = hvd.rank(), hvd.size()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch_size, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (args.batch_size,), generator=g)
+
+    results = {}
+    for model_name in args.models.split(","):
+        hvd_model = build(model_name)
+        hvd_opt = hvd.DistributedOptimizer(torch.optim.SGD(hvd_model.parameters(), lr=0.01, momentum=0.9),
+                                           named_parameters=hvd_model.named_parameters())
+        hvd.broadcast_parameters(hvd_model.state_dict(), root_rank=0)
+        ddp_model = torch.nn.parallel.DistributedDataParallel(build(model_name))
+        ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
+        sides = {"horovod": (hvd_model, hvd_opt), "ddp": (ddp_model, ddp_opt)}
+
+        def run_steps(side: str, steps: int) -> None:
+            model, opt = sides[side]
+            for _ in range(steps):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+
+        for side in sides:
+            run_steps(side, args.warmup)
+        rates = {side: [] for side in sides}
+        cpu = {side: 0.0 for side in sides}
+        for block in range(args.blocks):
+            order = ["horovod", "ddp"] if block % 2 == 0 else ["ddp", "horovod"]
+            for side in order:
+                dist.barrier()
+                wall, proc = time.perf_counter(), time.process_time()
+                run_steps(side, args.block_steps)
+                cpu[side] += time.process_time() - proc
+                dist.barrier()
+                rates[side].append(args.block_steps * args.batch_size * world / (time.perf_counter() - wall))
+        steps = args.blocks * args.block_steps
+        results[model_name] = {side: {"samples_per_sec": statistics.median(rates[side]), "blocks": rates[side],
+                                      "cpu_ms_per_step": 1000.0 * cpu[side] / steps} for side in sides}
+    if rank == 0:
+        print(RESULT_TAG + json.dumps(results), flush=True)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--models", default="smallcnn,mlp", help="comma-separated: smallcnn, mlp")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
+    parser.add_argument("--blocks", type=int, default=8, help="timed blocks per side (alternating)")
+    parser.add_argument("--block-steps", type=int, default=10, help="training steps per block")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps per side first")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / np)")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.threads <= 0:
+        args.threads = max(1, (os.cpu_count() or 1) // args.np)
+    if args.worker:
+        return worker(args)
+
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "horovod.runner", "-np", str(args.np), sys.executable, os.path.abspath(__file__),
+           "--worker", "--models", args.models, "--batch-size", str(args.batch_size), "--blocks", str(args.blocks),
+           "--block-steps", str(args.block_steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    line = next((ln for ln in proc.stdout.splitlines() if RESULT_TAG in ln), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"benchmark job failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    results = json.loads(line.split(RESULT_TAG, 1)[1])
+
+    print(f"\nnp={args.np}, batch {args.batch_size}/rank, {args.blocks} alternating blocks of {args.block_steps} "
+          f"steps per side (+{args.warmup} warm-up), {args.threads} torch thread(s)/rank, "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
+    print("| model    | horovod.torch samples/s | DDP+Gloo samples/s | ratio hvd/DDP | "
+          "hvd CPU ms/step | DDP CPU ms/step |")
+    print("|----------|------------------------:|-------------------:|--------------:|"
+          "----------------:|----------------:|")
+    for model, res in results.items():
+        h, d = res["horovod"], res["ddp"]
+        print(f"| {model:<8} | {h['samples_per_sec']:>23.1f} | {d['samples_per_sec']:>18.1f} | "
+              f"{h['samples_per_sec'] / d['samples_per_sec']:>13.2f} | {h['cpu_ms_per_step']:>15.1f} | "
+              f"{d['cpu_ms_per_step']:>15.1f} |")
+    print("\nper-block samples/s: " + json.dumps({m: {s: [round(v) for v in r[s]["blocks"]] for s in r}
+                                                  for m, r in results.items()}))
+
+
+if __name__ == "__main__":
+    main()

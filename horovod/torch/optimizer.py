@@ -1,0 +1,472 @@
+"""DistributedOptimizer: averages gradients across ranks while backward is still running.
+
+The returned object is an instance of a class created on the fly that derives from the wrapped optimizer's
+class, and it shares the wrapped optimizer's ``state`` and ``param_groups``: learning-rate schedulers, checkpoints
+and ``isinstance`` checks keep working.  A ``register_post_accumulate_grad_hook`` on every parameter starts that
+parameter's allreduce (in place on ``p.grad``, or on its compressed copy) the moment its gradient is complete, so
+communication overlaps with the rest of the backward pass; ``step()`` waits for the allreduces and then runs the
+real optimizer step.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from horovod.common.basics import Adasum, Average, size
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.util import split_list
+from horovod.engine import config as _config
+from horovod.torch.compression import Compression
+from horovod.torch.functions import broadcast_object
+from horovod.torch.mpi_ops import (allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
+                                   synchronize)
+
+logger = logging.getLogger(__name__)
+
+_ZERO_GRAD_RACE = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                   "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+_TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call to step(). "
+                    "Increase backward_passes_per_step to accumulate gradients locally.")
+
+
+def _find_duplicates(names: Sequence[str]) -> List[str]:
+    seen, dups = set(), []
+    for name in names:
+        if name in seen and name not in dups:
+            dups.append(name)
+        seen.add(name)
+    return dups
+
+
+class _HorovodOptimizerBase:
+    """What both distributed optimizers share: parameter naming, hook registration, the wrapped base step."""
+
+    def _hvd_setup(self, named_parameters, compression, backward_passes_per_step: int, op: int,
+                   gradient_predivide_factor: float, groups, sparse_as_dense: bool,
+                   process_set: ProcessSet) -> None:
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", p)
+                                for i, group in enumerate(self.param_groups)
+                                for j, p in enumerate(group["params"])]
+        if any(not isinstance(item, tuple) for item in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "
+                             "by model.named_parameters().")
+        dups = _find_duplicates([name for name, _ in named_parameters])
+        if dups:
+            raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                             f"{', '.join(dups)}")
+        named_ids = {id(p) for _, p in named_parameters}
+        unnamed = [id(p) for p in all_params if id(p) not in named_ids]
+        if unnamed:
+            raise ValueError(f"named_parameters was specified, but one or more model parameters were not named. "
+                             f"Python object ids: {', '.join(str(i) for i in unnamed)}")
+        # Keyed by tensor identity (torch tensors hash by id); sorted so a name shared by tied weights is stable.
+        self._parameter_names: Dict[torch.Tensor, str] = {p: name for name, p in sorted(
+            named_parameters, key=lambda item: item[0])}
+        self._handles: Dict[Any, Tuple[Any, Any]] = {}
+        self._hook_handles: List[Any] = []
+        self._requires_update: List[torch.Tensor] = []
+        self._allreduce_delay: Dict[torch.Tensor, int] = {p: backward_passes_per_step for p in all_params}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._groups_spec = groups
+        self._groups: Optional[List[Tuple[torch.Tensor, ...]]] = None
+        self._p_to_group: Dict[torch.Tensor, Tuple[torch.Tensor, ...]] = {}
+        self._group_ready: Dict[Tuple[torch.Tensor, ...], set] = {}
+        hooks_wanted = size() > 1 or _config.load().elastic
+        if hooks_wanted and process_set.included() is not False:
+            self._register_hooks()
+
+    # -- naming and grouping --------------------------------------------------------------------------------
+    def _name(self, p: torch.Tensor) -> str:
+        return self._parameter_names[p]
+
+    def _form_groups(self, trainable: List[torch.Tensor]) -> None:
+        spec = self._groups_spec
+        if spec is None:
+            return
+        if isinstance(spec, int):
+            # Every rank must form the same groups in the same order: use rank 0's parameter order.
+            names = broadcast_object([self._name(p) for p in trainable], root_rank=0,
+                                     name="DistributedOptimizer.groups", process_set=self.process_set)
+            by_name = {self._name(p): p for p in trainable}
+            ordered = [by_name[n] for n in names if n in by_name]
+            groups = [tuple(g) for g in split_list(ordered, spec) if g]
+        else:
+            trainable_ids = {id(p) for p in trainable}
+            groups = [tuple(p for p in group if id(p) in trainable_ids) for group in spec]
+            groups = [g for g in groups if g]
+        self._groups = groups
+        for group in groups:
+            for p in group:
+                self._p_to_group[p] = group
+            self._group_ready[group] = set()
+
+    def _register_hooks(self) -> None:
+        trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        self._requires_update = trainable
+        self._form_groups(trainable)
+        ref = weakref.ref(self)
+        for p in trainable:
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(_make_hook(ref)))
+
+    def _scale_factors(self) -> Tuple[float, float]:
+        if self.op == Average:
+            # The engine applies 1/size on top of postscale for Average.
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _hvd_base_step(self, closure=None):
+        """The wrapped optimizer class's own step (no gradient communication)."""
+        return super().step(closure)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes are accumulated locally before gradients are allreduced."""
+        if passes <= 0:
+            raise ValueError(f"backward_passes_per_step must be > 0, got {passes}")
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def load_state_dict(self, state_dict) -> None:
+        """Load state like the wrapped optimizer, and keep sharing it with the wrapped optimizer object."""
+        super().load_state_dict(state_dict)
+        wrapped = getattr(self, "_hvd_wrapped", None)
+        if wrapped is not None:
+            wrapped.__dict__["state"] = self.state
+            wrapped.__dict__["param_groups"] = self.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Like the wrapped optimizer's, but refuses while allreduces of this step are outstanding.
+
+        Raises:
+            AssertionError: called after ``backward()`` and before ``step()`` / ``synchronize()``.
+        """
+        if self._handles:
+            raise AssertionError(_ZERO_GRAD_RACE)
+        return super().zero_grad(set_to_none)
+
+
+def _make_hook(ref: "weakref.ReferenceType"):
+    def hook(p: torch.Tensor) -> None:
+        optimizer = ref()
+        if optimizer is not None:
+            optimizer._on_grad_ready(p)
+
+    return hook
+
+
+class _DistributedOptimizer(_HorovodOptimizerBase):
+    """Gradient-averaging optimizer (all ops but Adasum)."""
+
+    # -- the backward hook ----------------------------------------------------------------------------------
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        if self._allreduce_delay[p] <= 0:
+            raise AssertionError(_TOO_MANY_PASSES)
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] > 0:
+            self._handles[p] = (None, None)   # accumulating locally; step() before the last pass still reduces
+            return
+        group = self._p_to_group.get(p)
+        if group is None:
+            self._handles[p] = self._allreduce_grad_async(p)
+            return
+        ready = self._group_ready[group]
+        ready.add(p)
+        if len(ready) == len(group):
+            self._issue_group(group)
+        else:
+            self._handles[p] = (None, None)
+
+    def _issue_group(self, group: Tuple[torch.Tensor, ...]) -> None:
+        for gp in group:
+            self._handles.pop(gp, None)
+        self._handles[group] = self._grouped_allreduce_grad_async(group)
+        self._group_ready[group] = set()
+
+    # -- issuing ----------------------------------------------------------------------------------------------
+    def _dense_grad(self, p: torch.Tensor) -> torch.Tensor:
+        if p.grad is None:
+            # Another rank may have a gradient for p (dynamic graphs): contribute zeros rather than nothing.
+            p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+        grad = p.grad
+        if grad.is_sparse:
+            grad = grad.to_dense()
+        return grad
+
+    def _allreduce_grad_async(self, p: torch.Tensor):
+        name = self._name(p)
+        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+            return sparse_allreduce_async(p.grad, name=name, op=self.op, process_set=self.process_set), None
+        grad = self._dense_grad(p)
+        compressed, ctx = self._compression.compress(grad)
+        pre, post = self._scale_factors()
+        handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre, postscale_factor=post,
+                                  process_set=self.process_set)
+        return handle, (ctx, grad)
+
+    def _grouped_allreduce_grad_async(self, group: Tuple[torch.Tensor, ...]):
+        grads = [self._dense_grad(p) for p in group]
+        pairs = [self._compression.compress(g) for g in grads]
+        pre, post = self._scale_factors()
+        handle = grouped_allreduce_async_([c for c, _ in pairs], name=self._name(group[0]), op=self.op,
+                                          prescale_factor=pre, postscale_factor=post,
+                                          process_set=self.process_set)
+        return handle, [(ctx, g) for (_, ctx), g in zip(pairs, grads)]
+
+    # -- completing -------------------------------------------------------------------------------------------
+    def _apply_result(self, p: torch.Tensor, output, ctx) -> None:
+        if ctx is None:   # sparse allgather path: ``output`` is already the reduced sparse gradient
+            p.grad = output
+            return
+        decompress_ctx, grad = ctx
+        result = self._compression.decompress(output, decompress_ctx)
+        target = p.grad if p.grad is not None else grad
+        if target.is_sparse:   # sparse_as_dense: reduced densely, handed back in the layout autograd produced
+            p.grad = result.to_sparse()
+        elif result is not target:
+            target.copy_(result)
+            p.grad = target
+
+    def synchronize(self) -> None:
+        """Wait for every gradient allreduce of this step and write the averaged gradients into ``p.grad``.
+
+        Parameters whose gradient was not computed on this rank contribute zeros, so ranks with different
+        graphs still agree.  Call it yourself to work on the averaged gradients before ``step()`` (e.g. to clip
+        them), then call ``step()`` inside :meth:`skip_synchronize`.
+        """
+        if self.process_set.included() is False:
+            self._synchronized = True
+            return
+        issued = set()
+        for key in self._handles:
+            if isinstance(key, tuple):
+                issued.update(key)
+        # Launch what the backward hooks did not: groups still waiting for members, accumulating or unused params.
+        for p in self._requires_update:
+            if p in issued:
+                continue
+            group = self._p_to_group.get(p)
+            if group is not None:
+                if group not in self._handles:
+                    self._issue_group(group)
+                    issued.update(group)
+                continue
+            entry = self._handles.get(p)
+            if entry is None or entry[0] is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        try:
+            for key, (handle, ctx) in list(self._handles.items()):
+                output = handle() if callable(handle) else synchronize(handle)
+                if isinstance(key, tuple):
+                    for gp, out, gctx in zip(key, output, ctx):
+                        self._apply_result(gp, out, gctx)
+                else:
+                    self._apply_result(key, output, ctx)
+        finally:
+            self._handles.clear()
+            for p in self._allreduce_delay:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            for group in self._group_ready:
+                self._group_ready[group] = set()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this context ``step()`` does not synchronize (use after an explicit :meth:`synchronize`)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        """Wait for the averaged gradients (unless inside :meth:`skip_synchronize`), then take the real step."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                              "your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    # torch wraps ``step`` of classes it has not seen with its profiling / step-hook wrapper; the base class's
+    # step already is wrapped, so marking ours keeps step hooks from running twice.
+    step.hooked = True  # type: ignore[attr-defined]
+
+
+class _DistributedAdasumOptimizer(_HorovodOptimizerBase):
+    """Adasum: each rank takes its own optimizer step, and the parameter *deltas* are combined with Adasum.
+
+    While backward runs, a parameter whose gradient is ready takes a local step of the wrapped optimizer (for
+    that parameter alone); its delta (new value - old value) is then Adasum-allreduced in place.  ``step()`` adds
+    the combined delta to the old value.
+    """
+
+    def _hvd_setup(self, *args, **kwargs) -> None:
+        super()._hvd_setup(*args, **kwargs)
+        self._starting_models = {p: torch.zeros_like(p, requires_grad=False)
+                                 for group in self.param_groups for p in group["params"]}
+
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        if self._allreduce_delay[p] <= 0:
+            raise AssertionError(_TOO_MANY_PASSES)
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] == 0:
+            self._handles[p] = self._allreduce_grad_async(p)
+        else:
+            self._handles[p] = (None, None)
+
+    def _allreduce_grad_async(self, p: torch.Tensor):
+        start = self._starting_models[p]
+        stashed = [group["params"] for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["params"] = [p] if any(p is q for q in group["params"]) else []
+            with torch.no_grad():
+                start.copy_(p)
+            self._hvd_base_step()
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+        with torch.no_grad():
+            p.sub_(start)   # p now holds this rank's delta
+        compressed, ctx = self._compression.compress(p.detach())
+        handle = allreduce_async_(compressed, name=self._name(p), op=Adasum, process_set=self.process_set)
+        return handle, (ctx, compressed)
+
+    def synchronize(self) -> None:
+        """Nothing to do: Adasum deltas are combined in :meth:`step`."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Accepted for API compatibility; Adasum has no separate synchronize."""
+        yield
+
+    def step(self, closure=None):
+        """Combine every parameter's delta across ranks with Adasum and apply it."""
+        loss = closure() if closure is not None else None
+        for p in self._requires_update:
+            entry = self._handles.get(p)
+            if entry is None or entry[0] is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        try:
+            for p, (handle, (ctx, compressed)) in list(self._handles.items()):
+                delta = self._compression.decompress(synchronize(handle), ctx)
+                start = self._starting_models[p]
+                with torch.no_grad():
+                    start.add_(delta)
+                    p.copy_(start)
+        finally:
+            self._handles.clear()
+            for p in self._allreduce_delay:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+        return loss
+
+    step.hooked = True  # type: ignore[attr-defined]
+
+
+_CLASS_CACHE: Dict[Tuple[type, type], type] = {}
+
+
+def _distributed_class(base: type, mixin: type) -> type:
+    key = (base, mixin)
+    cls = _CLASS_CACHE.get(key)
+    if cls is None:
+        cls = type(base.__name__, (mixin, base), {"__module__": __name__})
+        _CLASS_CACHE[key] = cls
+    return cls
+
+
+def _is_distributed(optimizer) -> bool:
+    return isinstance(optimizer, _HorovodOptimizerBase)
+
+
+def _plain_step(optimizer) -> None:
+    """One step of the wrapped optimizer class without any gradient communication."""
+    optimizer._hvd_base_step()
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step: int = 1, op: int = Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                         sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+    """Wrap a torch optimizer so that ``step()`` uses gradients averaged over all ranks.
+
+    Allreduces start from backward hooks while backward continues; ``step()`` waits for them.  The returned
+    optimizer is an instance of a subclass of ``type(optimizer)`` and shares its state and param_groups.
+
+    Args:
+        optimizer: the torch optimizer to wrap.
+        named_parameters: ``model.named_parameters()``; names the allreduces (recommended: unnamed parameters
+            are named by position, which must then agree across ranks).
+        compression: ``Compression.none``, ``Compression.fp16`` or ``Compression.bf16``.
+        backward_passes_per_step: backward passes accumulated locally before gradients are allreduced.
+        op: ``Average`` (default), ``Sum`` or ``Adasum`` (delta-based; power-of-two number of ranks).
+        gradient_predivide_factor: with Average, divide gradients by this before the sum and multiply by
+            ``factor / size`` after it.
+        num_groups: deprecated; use ``groups``.
+        groups: an int (split the parameters into that many groups that are allreduced together), or a list of
+            lists of parameters.
+        sparse_as_dense: allreduce sparse gradients densely instead of allgathering them.
+        process_set: the ranks that average their gradients.
+
+    Raises:
+        ValueError: duplicate or missing parameter names, ``backward_passes_per_step <= 0``, a predivide factor
+            with an op other than Average, or malformed ``groups``.
+    """
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if groups is not None:
+        if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups >= 0)):
+            raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+        if isinstance(groups, list):
+            for group in groups:
+                if not isinstance(group, (list, tuple)) or not all(isinstance(p, torch.Tensor) for p in group):
+                    raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+        elif groups == 0:
+            groups = None
+    if _is_distributed(optimizer):
+        raise ValueError("the optimizer is already a DistributedOptimizer; wrap the plain torch optimizer once")
+
+    world = size()
+    if op == Adasum and world & (world - 1):
+        raise NotImplementedError(f"Adasum requires a power-of-two number of ranks; this job has {world}.")
+    mixin = _DistributedAdasumOptimizer if op == Adasum and world > 1 else _DistributedOptimizer
+    cls = _distributed_class(type(optimizer), mixin)
+    wrapped = cls.__new__(cls)
+    # Share (not copy) the wrapped optimizer's attributes: state, param_groups, defaults, hooks.  Instance-level
+    # overrides of methods are left behind: an LR scheduler built on the plain optimizer wraps its ``step`` in an
+    # instance attribute bound to the plain optimizer, which would bypass the gradient allreduce.
+    base = type(optimizer)
+    wrapped.__dict__.update({key: value for key, value in optimizer.__dict__.items()
+                             if not callable(getattr(base, key, None))})
+    wrapped._hvd_wrapped = optimizer
+    wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                       groups, sparse_as_dense, process_set)
+    return wrapped

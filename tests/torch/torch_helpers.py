@@ -1,0 +1,164 @@
+"""Shared pieces of the horovod.torch test suite (a helper module, not a test).
+
+Worker functions run inside ``tests/multiproc.run_ranks`` children; this module is shipped to them by value.
+Inputs are generated from ``(seed, rank)`` so that every rank can rebuild what the others held and compute the
+expected result itself; workers collect mismatches in a :class:`Failures` list instead of stopping at the first,
+so one job (one process start per rank) checks hundreds of cases.
+
+``tests/torch`` must stay without ``__init__.py``: with ``tests/`` on ``sys.path`` a package named ``torch``
+here would shadow PyTorch.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import cloudpickle
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+from multiproc import run_ranks  # noqa: E402  (tests/ is not a package)
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# One intra-op thread per rank: np = 4 on 2 cores would otherwise thrash (and startup is faster).
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+SIZES = (1, 2, 3, 4)
+
+
+def run(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dict[str, str]] = None,
+        timeout: float = 120.0, **kwargs) -> List[Any]:
+    """``run_ranks`` with the suite's worker environment."""
+    merged = dict(WORKER_ENV)
+    merged.update(env or {})
+    return run_ranks(fn, np, args=args, env=merged, timeout=timeout, **kwargs)
+
+
+def seed_of(*parts: Any) -> int:
+    """A stable 32-bit seed from any printable parts."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def int_values(shape, dtype, seed: int, kind: str = "small"):
+    """A tensor of small integers (exact in every dtype, bfloat16 included) of ``dtype``.
+
+    ``kind``: ``small`` (sums stay small), ``prod`` (values whose products stay small), ``bool``.
+    """
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    if dtype == torch.bool:
+        return torch.from_numpy(np.asarray(rng.random(shape) < 0.5))
+    unsigned = dtype in (torch.uint8,) or str(dtype) == "torch.uint16"
+    if kind == "prod":
+        choices = np.array([1, 2] if unsigned else [-2, -1, 1, 2])
+        raw = rng.choice(choices, size=shape)
+    else:
+        raw = rng.integers(0 if unsigned else -4, 5, size=shape)
+    raw = np.asarray(raw, dtype=np.int64).reshape(shape)
+    if str(dtype) == "torch.uint16":
+        return torch.from_numpy(raw.astype(np.uint16))
+    return torch.from_numpy(raw).to(dtype)
+
+
+class Failures:
+    """Collects mismatches on one rank."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.items: List[str] = []
+        self.checked = 0
+
+    def add(self, message: Optional[str]) -> None:
+        self.checked += 1
+        if message:
+            self.items.append(f"rank {self.rank}: {message}")
+
+    def true(self, cond: bool, what: str) -> None:
+        self.add(None if cond else what)
+
+    def close(self, actual, expected, what: str, rtol: float = 0.0, atol: float = 0.0) -> None:
+        import torch
+
+        self.checked += 1
+        try:
+            if not isinstance(actual, torch.Tensor):
+                self.items.append(f"rank {self.rank}: {what}: got {type(actual).__name__}, expected a tensor")
+                return
+            if actual.dtype != expected.dtype:
+                self.items.append(f"rank {self.rank}: {what}: dtype {actual.dtype} != {expected.dtype}")
+                return
+            if tuple(actual.shape) != tuple(expected.shape):
+                self.items.append(f"rank {self.rank}: {what}: shape {tuple(actual.shape)} != "
+                                  f"{tuple(expected.shape)}")
+                return
+            if actual.dtype == torch.bool:
+                ok = torch.equal(actual, expected)
+            else:
+                a, e = actual.double(), expected.double()
+                ok = torch.allclose(a, e, rtol=rtol, atol=atol) if (rtol or atol) else torch.equal(a, e)
+            if not ok:
+                self.items.append(f"rank {self.rank}: {what}: {actual.flatten()[:8].tolist()} != "
+                                  f"{expected.flatten()[:8].tolist()}")
+        except Exception as exc:  # a comparison bug must be reported, not crash the whole job
+            self.items.append(f"rank {self.rank}: {what}: comparison raised {exc!r}")
+
+    def raises(self, what: str, exc_type, fn: Callable, *args, match: Optional[str] = None, **kwargs) -> None:
+        self.checked += 1
+        try:
+            fn(*args, **kwargs)
+        except exc_type as exc:
+            if match is not None and match not in str(exc):
+                self.items.append(f"rank {self.rank}: {what}: message {str(exc)!r} lacks {match!r}")
+        except BaseException as exc:
+            self.items.append(f"rank {self.rank}: {what}: raised {type(exc).__name__}: {exc}, expected "
+                              f"{exc_type.__name__}")
+        else:
+            self.items.append(f"rank {self.rank}: {what}: did not raise {exc_type.__name__}")
+
+    def result(self) -> Dict[str, Any]:
+        return {"failures": self.items, "checked": self.checked}
+
+
+def assert_no_failures(results: List[Dict[str, Any]], minimum_checks: int = 1) -> None:
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:60])
+    assert all(r["checked"] >= minimum_checks for r in results), [r["checked"] for r in results]
+
+
+# -- a small model and deterministic data shared by workers and the single-process references ------------
+def make_model(seed: int = 0, dtype=None):
+    """A small float64 MLP with one parameter that never gets a gradient (exercises the zero-fill path)."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(4, 8)
+            self.fc2 = torch.nn.Linear(8, 3)
+            self.unused = torch.nn.Parameter(torch.ones(2))
+
+        def forward(self, x):
+            return self.fc2(torch.tanh(self.fc1(x)))
+
+    torch.manual_seed(seed)
+    return Net().to(dtype or torch.float64)
+
+
+def batch(step: int, rank: int, rows: int = 6, dtype=None):
+    """Rank ``rank``'s batch for ``step``: inputs (rows, 4) and regression targets (rows, 3)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed_of("batch", step, rank))
+    x = torch.randn(rows, 4, generator=g, dtype=torch.float64)
+    y = torch.randn(rows, 3, generator=g, dtype=torch.float64)
+    return x.to(dtype or torch.float64), y.to(dtype or torch.float64)
+
+
+def params_of(model) -> Dict[str, Any]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
