@@ -78,8 +78,11 @@ def rank_env(rank: int, size: int, addr: str, port: int, secret: bytes, extra: O
 def run_ranks(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dict[str, str]] = None,
               timeout: float = 60.0, hosts: Optional[Sequence[str]] = None,
               rank_env_overrides: Optional[Dict[int, Dict[str, str]]] = None,
-              expect_failure: bool = False) -> List[Any]:
-    """Run ``fn(*args)`` on ``np`` ranks; return results by rank (or tracebacks when ``expect_failure``)."""
+              expect_failure: bool = False, python: Optional[str] = None) -> List[Any]:
+    """Run ``fn(*args)`` on ``np`` ranks; return results by rank (or tracebacks when ``expect_failure``).
+
+    ``python`` is the interpreter the ranks run (default: this one), e.g. a separate venv's for MXNet.
+    """
     from horovod.runner.rendezvous import RendezvousServer
 
     _register_by_value(fn)
@@ -95,7 +98,7 @@ def run_ranks(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dic
             log = open(os.path.join(tmp, f"out.{rank}.txt"), "wb")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [sys.executable, "-c", _CHILD, tmp],
+                [python or sys.executable, "-c", _CHILD, tmp],
                 env=rank_env(rank, np, "127.0.0.1", server.port, secret, extra, hosts),
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + timeout

@@ -1,0 +1,264 @@
+"""The collectives of ``horovod.mxnet`` on MXNet NDArrays, and the basics every binding re-exports.
+
+Each call copies its NDArrays to host numpy arrays (``asnumpy`` waits for MXNet's pending writes to them), runs
+the framework-neutral collective of :mod:`horovod.engine.collectives`, and hands the result back as a new NDArray
+on the input's context, or writes it into the input (``tensor[:] = result``) for the in-place ``*_`` variants.
+
+The original's operations were asynchronous on MXNet's dependency engine; these return once the result is there,
+so a result never needs ``wait_to_read`` and a failure raises at the call instead of at the next read.
+``priority`` is accepted everywhere: a single call has nothing to reorder, and the optimizers issue a batch of
+gradients in descending priority (ties in call order), which is the same on every rank.
+"""
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Sequence, Tuple, Union
+
+import mxnet as mx
+import numpy as np
+
+from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_built, cross_rank,  # noqa: F401
+                                   cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+                                   is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                                   mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+                                   start_timeline, stop_timeline)
+from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  # noqa: F401
+                                         global_process_set, remove_process_set)
+from horovod.common.util import handle_average_backwards_compatibility
+from horovod.engine import collectives
+from horovod.engine.handles import Handle
+
+logger = logging.getLogger(__name__)
+
+NDArray = mx.nd.NDArray
+
+
+# -- NDArray <-> numpy ----------------------------------------------------------------------------------------
+def _is_np_array(tensor) -> bool:
+    """True for the NumPy-compatible ``mx.np.ndarray`` (a subclass of NDArray) rather than a classic NDArray."""
+    np_array = getattr(getattr(mx, "np", None), "ndarray", None)
+    return np_array is not None and isinstance(tensor, np_array)
+
+
+def _check(tensor, what: str) -> None:
+    if not isinstance(tensor, NDArray):
+        raise TypeError(f"horovod.mxnet.{what} expects an mxnet NDArray, got {type(tensor).__name__}; "
+                        f"convert it with mx.nd.array(...) first.")
+    stype = getattr(tensor, "stype", "default")
+    if stype != "default":
+        raise ValueError(f"horovod.mxnet.{what} got a {stype} NDArray, but only dense ('default' storage) tensors "
+                         f"are supported; convert it with tensor.tostype('default'), or create the layer with "
+                         f"sparse_grad=False.")
+
+
+def to_numpy(tensor: NDArray, what: str = "collective") -> np.ndarray:
+    """A fresh, C-contiguous host copy of ``tensor`` (waits for MXNet's pending writes to it)."""
+    _check(tensor, what)
+    return np.ascontiguousarray(tensor.asnumpy())
+
+
+def from_numpy(array: np.ndarray, like: NDArray) -> NDArray:
+    """A new NDArray holding ``array`` on ``like``'s context, of the same kind (``mx.nd`` or ``mx.np``)."""
+    out = mx.nd.array(array, ctx=like.context, dtype=array.dtype)
+    return out.as_np_ndarray() if _is_np_array(like) else out
+
+
+def write_back(tensor: NDArray, array: np.ndarray) -> NDArray:
+    """Copy ``array`` into ``tensor`` (same shape) through MXNet's engine, so later reads are ordered after it."""
+    if tensor.size:
+        tensor[:] = array
+    return tensor
+
+
+def _priority(priority) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+        raise ValueError(f"priority must be an int (higher runs earlier), got {priority!r}.")
+    return int(priority)
+
+
+def _tensor_list(tensors, what: str) -> List[NDArray]:
+    if isinstance(tensors, NDArray) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"horovod.mxnet.{what} expects a list or tuple of NDArrays, got {type(tensors).__name__}.")
+    for t in tensors:
+        _check(t, what)
+    return list(tensors)
+
+
+# -- allreduce -------------------------------------------------------------------------------------------------
+def _allreduce_async(arrays: Sequence[np.ndarray], names: Sequence[str], op, prescale_factor, postscale_factor,
+                     process_set, grouped: bool) -> Handle:
+    # The host copies are fresh, so the engine reduces straight into them.
+    return collectives.allreduce_async(list(arrays), list(names), op=op, prescale=prescale_factor,
+                                       postscale=postscale_factor, process_set=_set_id(process_set),
+                                       outputs=list(arrays), grouped=grouped)
+
+
+def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> NDArray:
+    """Reduce ``tensor`` over the ranks of ``process_set`` (default: average) and return a new NDArray.
+
+    Args:
+        tensor: the NDArray to reduce; not modified.
+        average: deprecated; use ``op``.
+        name: the name that matches this reduction across ranks (automatic names follow call order).
+        priority: ordering hint (accepted for compatibility).
+        prescale_factor: multiply every rank's input by this before reducing.
+        postscale_factor: multiply the result by this.
+        process_set: the ranks taking part.
+        op: ``hvd.Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
+
+    Returns:
+        A new NDArray of the same shape, dtype and context.
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    _priority(priority)
+    host = to_numpy(tensor, "allreduce")
+    _allreduce_async([host], [collectives.tensor_name("allreduce", name)], op, prescale_factor, postscale_factor,
+                     process_set, grouped=False).wait()
+    return from_numpy(host, tensor)
+
+
+def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> NDArray:
+    """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
+    op = handle_average_backwards_compatibility(op, average)
+    _priority(priority)
+    host = to_numpy(tensor, "allreduce_")
+    _allreduce_async([host], [collectives.tensor_name("allreduce", name)], op, prescale_factor, postscale_factor,
+                     process_set, grouped=False).wait()
+    return write_back(tensor, host)
+
+
+def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None, name: Optional[str] = None,
+                      priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
+    """Reduce a list of NDArrays as one atomic group; returns a list of new NDArrays."""
+    op = handle_average_backwards_compatibility(op, average)
+    _priority(priority)
+    tensors = _tensor_list(tensors, "grouped_allreduce")
+    if not tensors:
+        return []
+    hosts = [to_numpy(t, "grouped_allreduce") for t in tensors]
+    names, _ = collectives.group_names("grouped_allreduce", name, len(hosts))
+    _allreduce_async(hosts, names, op, prescale_factor, postscale_factor, process_set, grouped=True).wait()
+    return [from_numpy(h, t) for h, t in zip(hosts, tensors)]
+
+
+def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = None, name: Optional[str] = None,
+                       priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
+    """In-place :func:`grouped_allreduce`: every tensor receives its result; returns them."""
+    op = handle_average_backwards_compatibility(op, average)
+    _priority(priority)
+    tensors = _tensor_list(tensors, "grouped_allreduce_")
+    if not tensors:
+        return []
+    hosts = [to_numpy(t, "grouped_allreduce_") for t in tensors]
+    names, _ = collectives.group_names("grouped_allreduce", name, len(hosts))
+    _allreduce_async(hosts, names, op, prescale_factor, postscale_factor, process_set, grouped=True).wait()
+    return [write_back(t, h) for t, h in zip(tensors, hosts)]
+
+
+# -- allgather -------------------------------------------------------------------------------------------------
+def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> NDArray:
+    """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ); a new NDArray."""
+    _priority(priority)
+    host = to_numpy(tensor, "allgather")
+    result = collectives.allgather_async([host], [collectives.tensor_name("allgather", name)],
+                                         process_set=_set_id(process_set)).wait()
+    return from_numpy(result, tensor)
+
+
+def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, priority: int = 0,
+                      process_set: ProcessSet = global_process_set) -> List[NDArray]:
+    """:func:`allgather` of a list of NDArrays as one atomic group."""
+    _priority(priority)
+    tensors = _tensor_list(tensors, "grouped_allgather")
+    if not tensors:
+        return []
+    hosts = [to_numpy(t, "grouped_allgather") for t in tensors]
+    names, _ = collectives.group_names("grouped_allgather", name, len(hosts))
+    results = collectives.allgather_async(hosts, names, process_set=_set_id(process_set), grouped=True).wait()
+    return [from_numpy(r, t) for r, t in zip(results, tensors)]
+
+
+# -- broadcast -------------------------------------------------------------------------------------------------
+def _broadcast_host(tensor: NDArray, root_rank: int, name: Optional[str], process_set, what: str) -> np.ndarray:
+    host = to_numpy(tensor, what)
+    collectives.broadcast_async([host], [collectives.tensor_name("broadcast", name)], root_rank,
+                                process_set=_set_id(process_set), outputs=[host]).wait()
+    return host
+
+
+def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> NDArray:
+    """Return ``root_rank``'s ``tensor`` on every rank as a new NDArray (the input is not modified)."""
+    _priority(priority)
+    return from_numpy(_broadcast_host(tensor, root_rank, name, process_set, "broadcast"), tensor)
+
+
+def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
+               process_set: ProcessSet = global_process_set) -> NDArray:
+    """In-place :func:`broadcast`: ``tensor`` receives the root's values and is returned."""
+    _priority(priority)
+    host = _broadcast_host(tensor, root_rank, name, process_set, "broadcast_")
+    return write_back(tensor, host)
+
+
+# -- alltoall --------------------------------------------------------------------------------------------------
+def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority: int = 0,
+             process_set: ProcessSet = global_process_set) -> Union[NDArray, Tuple[NDArray, NDArray]]:
+    """Send rows ``splits[p]`` of ``tensor`` to member p of the set and gather what the others send here.
+
+    Args:
+        tensor: rows to scatter along dimension 0.
+        splits: rows per destination (list, numpy array or NDArray); ``None`` splits evenly.
+
+    Returns:
+        The gathered NDArray; with ``splits`` given, ``(output, received_splits)`` where ``received_splits`` is an
+        int32 NDArray on the CPU with the number of rows received from each member.
+    """
+    _priority(priority)
+    host = to_numpy(tensor, "alltoall")
+    split_list = None
+    if splits is not None:
+        split_list = splits.asnumpy() if isinstance(splits, NDArray) else np.asarray(splits)
+        split_list = [int(s) for s in split_list.reshape(-1)]
+    output, received = collectives.alltoall_async(host, collectives.tensor_name("alltoall", name), split_list,
+                                                  process_set=_set_id(process_set)).wait()
+    out = from_numpy(np.ascontiguousarray(output), tensor)
+    if splits is None:
+        return out
+    return out, mx.nd.array(np.asarray(received, dtype=np.int32), ctx=mx.cpu(), dtype=np.int32)
+
+
+# -- reducescatter ---------------------------------------------------------------------------------------------
+def reducescatter(tensor: NDArray, op: int = Average, name: Optional[str] = None, priority: int = 0,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> NDArray:
+    """Reduce ``tensor`` over the set and return this rank's block of rows (lower ranks get the extra rows)."""
+    _priority(priority)
+    host = to_numpy(tensor, "reducescatter")
+    result = collectives.reducescatter_async([host], [collectives.tensor_name("reducescatter", name)], op=op,
+                                             prescale=prescale_factor, postscale=postscale_factor,
+                                             process_set=_set_id(process_set)).wait()
+    return from_numpy(np.ascontiguousarray(result), tensor)
+
+
+def grouped_reducescatter(tensors: Sequence[NDArray], op: int = Average, name: Optional[str] = None,
+                          priority: int = 0, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> List[NDArray]:
+    """:func:`reducescatter` of a list of NDArrays as one atomic group."""
+    _priority(priority)
+    tensors = _tensor_list(tensors, "grouped_reducescatter")
+    if not tensors:
+        return []
+    hosts = [to_numpy(t, "grouped_reducescatter") for t in tensors]
+    names, _ = collectives.group_names("grouped_reducescatter", name, len(hosts))
+    results = collectives.reducescatter_async(hosts, names, op=op, prescale=prescale_factor,
+                                              postscale=postscale_factor, process_set=_set_id(process_set),
+                                              grouped=True).wait()
+    return [from_numpy(np.ascontiguousarray(r), t) for r, t in zip(results, tensors)]
