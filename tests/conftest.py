@@ -4,4 +4,5 @@ import sys
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
+    # Appended, not prepended: tests/torch etc. must never shadow the real frameworks.
+    sys.path.append(_TESTS)

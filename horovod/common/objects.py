@@ -23,7 +23,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, p
     """
     from horovod.common import basics
 
-    name = name or type(obj).__name__
+    # Unnamed calls are matched by issue order, not by type name: `obj if rank == 0 else None` must work.
+    name = name or collectives.tensor_name("object", None)
     is_root = basics.rank() == root_rank
     payload = _to_bytes(obj) if is_root else np.zeros(0, dtype=np.uint8)
     size = np.array([payload.size if is_root else 0], dtype=np.int64)
@@ -40,7 +41,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, p
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: int = 0) -> List[Any]:
     """Return the list of every rank's ``obj``, in rank order (all ranks must call it)."""
-    name = name or type(obj).__name__
+    name = name or collectives.tensor_name("object", None)
     payload = _to_bytes(obj)
     sizes = collectives.allgather_async([np.array([payload.size], dtype=np.int64)],
                                         [f"allgather.{name}.sz"], process_set=process_set).wait()
