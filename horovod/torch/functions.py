@@ -1,7 +1,6 @@
 """Helpers that keep models, optimizers and Python objects consistent across ranks."""
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -10,8 +9,6 @@ from horovod.common import objects as _objects
 from horovod.common.basics import rank
 from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
 from horovod.torch.mpi_ops import broadcast_async_, synchronize
-
-logger = logging.getLogger(__name__)
 
 
 def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable], root_rank: int) -> None:

@@ -91,6 +91,9 @@ class _HorovodOptimizerBase:
         hooks_wanted = size() > 1 or _config.load().elastic
         if hooks_wanted and process_set.included() is not False:
             self._register_hooks()
+        logger.debug("DistributedOptimizer(%s): %d parameters, %d gradient hooks, %s groups, op %s",
+                     type(self).__name__, len(all_params), len(self._hook_handles),
+                     len(self._groups) if self._groups is not None else "no", op)
 
     # -- naming and grouping --------------------------------------------------------------------------------
     def _name(self, p: torch.Tensor) -> str:

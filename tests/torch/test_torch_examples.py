@@ -19,7 +19,8 @@ def _horovodrun(script: str, *args: str, np_: int = 2) -> str:
     proc = subprocess.run([sys.executable, "-m", "horovod.runner", "-np", str(np_), sys.executable,
                            os.path.join(REPO, "examples", "torch", script), *args],
                           capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, \
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
