@@ -1,0 +1,253 @@
+"""Run engine collectives on TensorFlow tensors: eagerly, or as a graph op inside ``tf.function`` / a v1 graph.
+
+Every collective of ``horovod.tensorflow`` is a *kernel*: a Python function from numpy arrays to numpy arrays that
+calls :mod:`horovod.engine.collectives` and waits for the handle.  :func:`run` executes a kernel directly when TF
+executes eagerly, and otherwise wraps it in one stateful ``tf.numpy_function`` node, which TF calls each time
+the graph runs.
+
+Ordering.  All ranks must issue collectives in the same order.  Inside ``tf.function`` TF's automatic control
+dependencies chain stateful ops that touch no resource in program order, and every collective node here is
+stateful, so a function's collectives run in the order they were written on every rank.  Graph ops are named
+when the graph is built (see :func:`base_name`): a deterministic per-graph name, so a TF1 session that runs
+independent collectives concurrently still pairs them by name across ranks.  Each running kernel holds one TF
+executor thread while it waits, so a TF1 ``session.run`` must not fetch more independent collectives than the
+session has inter-op threads (see :func:`wait`); the high-level APIs (DistributedOptimizer,
+broadcast_global_variables) each create a single grouped op.
+
+Errors.  In eager mode an engine failure (mismatch across ranks, peer failure, shutdown) is raised as
+:class:`HorovodFailedPreconditionError`, which is both a ``tf.errors.FailedPreconditionError`` (what the original
+raised) and a :class:`~horovod.common.exceptions.HorovodInternalError` (what elastic training catches); invalid
+arguments are raised as :class:`HorovodInvalidArgumentError` (a ``tf.errors.InvalidArgumentError`` and a
+``ValueError``).  Inside a graph, TF converts exceptions raised by Python nodes itself: ``ValueError`` becomes
+``tf.errors.InvalidArgumentError`` and engine failures become ``tf.errors.UnknownError``; the message names the
+node (``HorovodAllreduce`` …) and carries the engine's text, e.g. ``MismatchError: Mismatched ALLREDUCE tensor
+shapes: …``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from horovod.common.basics import NOT_INITIALIZED
+from horovod.common.exceptions import HorovodInternalError
+from horovod.engine import ops as engine_ops
+
+logger = logging.getLogger(__name__)
+
+# Per-graph counters of automatic op names (graphs do not take new attributes, hence the side table).
+_graph_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+# Kernels run by TF1 sessions wait this long before logging the thread-starvation hint (see :func:`wait`).
+STARVATION_HINT_SECONDS = 30.0
+_local = threading.local()
+
+# Horovod's functions are plain Python that builds ops; AutoGraph must call them as they are, not rewrite them.
+not_converted = tf.autograph.experimental.do_not_convert
+
+Kernel = Callable[..., Sequence[np.ndarray]]
+
+
+class HorovodFailedPreconditionError(tf.errors.FailedPreconditionError, HorovodInternalError):
+    """A collective failed across ranks (eager mode).
+
+    Catchable as ``tf.errors.FailedPreconditionError`` and as ``hvd.HorovodInternalError``.  The engine's own
+    exception (``MismatchError``, ``PeerFailureError``, ``ShutdownError`` …) is ``horovod_error`` and
+    ``__cause__``.
+    """
+
+    def __init__(self, message: str, horovod_error: Optional[BaseException] = None):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+        self.horovod_error = horovod_error
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+class HorovodInvalidArgumentError(tf.errors.InvalidArgumentError, ValueError):
+    """A collective was called with invalid arguments (eager mode); also a ``ValueError``."""
+
+    def __init__(self, message: str):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+class HorovodNotInitializedError(tf.errors.FailedPreconditionError, ValueError):
+    """A collective was called before ``hvd.init()`` (eager mode); also a ``ValueError`` like ``hvd.rank()``'s."""
+
+    def __init__(self, message: str):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+def translate_error(exc: BaseException) -> BaseException:
+    """The TF-typed equivalent of an engine or argument error (others are returned unchanged)."""
+    if isinstance(exc, tf.errors.OpError):
+        return exc
+    if isinstance(exc, HorovodInternalError):
+        return HorovodFailedPreconditionError(f"{type(exc).__name__}: {exc}", exc)
+    if isinstance(exc, ValueError):
+        if str(exc) == NOT_INITIALIZED:
+            return HorovodNotInitializedError(str(exc))
+        return HorovodInvalidArgumentError(str(exc))
+    return exc
+
+
+def executing_eagerly() -> bool:
+    """True outside ``tf.function`` and outside TF1 graphs."""
+    return tf.executing_eagerly()
+
+
+def base_name(op_type: str, name: Optional[str], ignore_name_scope: bool = False) -> Optional[str]:
+    """The name an op is negotiated under, minus the kind prefix (``allreduce.`` …).
+
+    Eagerly, the user's name (or ``None``: the engine then numbers unnamed ops in issue order).  In a graph, a
+    name fixed when the graph is built: the current name scope (unless ``ignore_name_scope``) plus ``name`` or
+    ``op_type``, made unique within the graph by a per-graph counter, as TF names its nodes.  It depends only on
+    the program, not on how often or in what order other graphs were traced, so it agrees across ranks.
+    """
+    if executing_eagerly():
+        return name
+    graph = tf.compat.v1.get_default_graph()
+    scope = "" if ignore_name_scope else graph.get_name_scope()
+    stem = name if name is not None else op_type
+    full = f"{scope}/{stem}" if scope else stem
+    counts = _graph_names.setdefault(graph, {})
+    n = counts.get(full, 0)
+    counts[full] = n + 1
+    return full if n == 0 else f"{full}_{n}"
+
+
+def to_numpy(value) -> np.ndarray:
+    """The numpy value of an eager tensor or variable."""
+    if hasattr(value, "numpy"):
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def run(kernel: Kernel, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType], op_type: str,
+        out_shapes: Optional[Sequence[Optional[tf.TensorShape]]] = None) -> List[tf.Tensor]:
+    """Execute ``kernel`` on ``inputs`` now (eager) or as one graph node (graph), returning TF tensors.
+
+    Args:
+        kernel: numpy arrays in, a sequence of numpy arrays (one per output) out.
+        inputs: tensors (already converted).
+        out_dtypes: the TF dtype of each output.
+        op_type: node name in graphs (``HorovodAllreduce`` …); it appears in TF's error messages.
+        out_shapes: static shapes to set on graph outputs, where known.
+    """
+    if executing_eagerly():
+        arrays = [to_numpy(t) for t in inputs]
+        try:
+            results = kernel(*arrays)
+        except (HorovodInternalError, ValueError) as exc:
+            raise translate_error(exc) from exc
+        return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, out_dtypes)]
+    tf1_graph = not tf.inside_function()
+    outputs = tf.numpy_function(_graph_kernel(kernel, out_dtypes, tf1_graph), list(inputs), list(out_dtypes),
+                                stateful=True, name=op_type)
+    if not isinstance(outputs, (list, tuple)):
+        outputs = [outputs]
+    outputs = list(outputs)
+    for out, shape in zip(outputs, out_shapes or []):
+        if shape is not None:
+            out.set_shape(shape)
+    return outputs
+
+
+def _graph_kernel(kernel: Kernel, out_dtypes: Sequence[tf.DType], tf1_graph: bool) -> Kernel:
+    numpy_dtypes = [d.as_numpy_dtype for d in out_dtypes]
+
+    def call(*arrays):
+        _local.tf1_graph = tf1_graph
+        try:
+            results = kernel(*arrays)
+        finally:
+            _local.tf1_graph = False
+        # numpy_function insists on exact dtypes and ndarray (not numpy scalar) results.
+        return [np.asarray(r, dtype=dt) for r, dt in zip(results, numpy_dtypes)]
+
+    return call
+
+
+def wait(handle):
+    """Wait for an engine handle inside a kernel.
+
+    Every collective kernel blocks one TF executor thread while it waits.  Inside ``tf.function`` collectives
+    run one after the other, but a TF1 session runs independent ops concurrently: when one ``session.run``
+    fetches more independent collectives than the session has inter-op threads, ranks can each block all their
+    threads on different collectives and wait for each other forever.  The original's asynchronous kernels did
+    not have this limit.  This cannot be detected for certain, so a kernel in a TF1 session that waits unusually
+    long says what to do.
+    """
+    if not getattr(_local, "tf1_graph", False):
+        return handle.wait()
+    try:
+        return handle.wait(STARVATION_HINT_SECONDS)
+    except TimeoutError:
+        logger.warning(
+            "Horovod collective %s has waited %.0f s in a TF1 session. If other ranks wait too, the session may "
+            "be running more independent Horovod ops at once than it has inter-op threads: group them "
+            "(hvd.grouped_allreduce, one DistributedOptimizer) or create the session with "
+            "tf.compat.v1.ConfigProto(inter_op_parallelism_threads=<more than the number of Horovod ops fetched "
+            "together>).", handle.names[:3], STARVATION_HINT_SECONDS)
+        return handle.wait()
+
+
+# -- dtype handling inside kernels ---------------------------------------------------------------------------
+def _c_order(array: np.ndarray) -> np.ndarray:
+    # np.ascontiguousarray would turn 0-d arrays into 1-d ones.
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def engine_view(array: np.ndarray):
+    """``(array for the engine, engine dtype override or None)``: bfloat16 travels as its uint16 bits."""
+    array = _c_order(array)
+    if array.dtype.name == engine_ops.BFLOAT16:
+        return array.view(np.uint16), engine_ops.BFLOAT16
+    return array, None
+
+
+def from_engine(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Undo :func:`engine_view` on a result (bfloat16 bits back to bfloat16)."""
+    return array if array.dtype == dtype else array.view(dtype)
+
+
+def movable_view(array: np.ndarray):
+    """Like :func:`engine_view`, but dtypes the engine cannot reduce yet can move (uint32, complex …) travel as
+    rows of bytes, for allgather / broadcast / alltoall.
+
+    Returns:
+        ``(array, dtype override, restore)`` where ``restore(result)`` gives the result in the original dtype
+        and shape layout (first dimension preserved).
+    """
+    array = _c_order(array)
+    name = array.dtype.name
+    if name == engine_ops.BFLOAT16:
+        return array.view(np.uint16), engine_ops.BFLOAT16, lambda r: r.view(array.dtype)
+    if name in engine_ops.SUPPORTED_DTYPES:
+        return array, None, lambda r: r
+    if array.dtype.kind not in "biufc" or array.dtype.hasobject:
+        raise ValueError(f"Tensor type {name} is not supported. Supported types: "
+                         f"{', '.join(engine_ops.SUPPORTED_DTYPES)} (and other fixed-size numeric types for "
+                         f"allgather, broadcast and alltoall).")
+    tail = array.shape[1:]
+    rows = array.shape[0] if array.ndim else 1
+    as_bytes = array.reshape((rows, -1)).view(np.uint8) if array.size else np.zeros((rows, 0), np.uint8)
+    dtype = array.dtype
+    scalar = array.ndim == 0
+
+    def restore(result: np.ndarray) -> np.ndarray:
+        out = _c_order(result).view(dtype).reshape((result.shape[0],) + tuple(tail))
+        return out.reshape(()) if scalar else out
+
+    return as_bytes, None, restore

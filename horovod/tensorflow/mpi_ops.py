@@ -1,0 +1,454 @@
+"""The TensorFlow collectives: engine kernels run as TF ops (see :mod:`horovod.tensorflow.bridge`), with gradients.
+
+Every op works eagerly and inside ``tf.function`` (and in TF1 graphs), and is differentiable with
+``tf.GradientTape``:
+
+=================  ===============================================================================
+op                 gradient
+=================  ===============================================================================
+allreduce          allreduce of the gradient with the same op and scale factors (Sum, Average, Adasum);
+                   Min/Max: the summed gradient flows to the ranks that hold the extremum;
+                   Product: the summed gradient times ``result / input``
+allgather          allreduce-average of the gradient, then this rank's rows
+broadcast          allreduce-average of the gradient on the root, zeros elsewhere
+alltoall           alltoall of the gradient back along the received splits
+reducescatter      allgather of the gradient (divided by the set size for Average)
+=================  ===============================================================================
+
+All ranks of the process set must call each collective, in the same order.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from horovod.common import basics
+from horovod.common.basics import Adasum, Average, Max, Min, Sum
+from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
+from horovod.engine import collectives
+from horovod.engine import ops as engine_ops
+from horovod.tensorflow import bridge
+from horovod.tensorflow.bridge import not_converted
+from horovod.tensorflow.queries import (join, local_rank_op, local_size_op, process_set_included_op,  # noqa: F401
+                                        rank_op, size_op)
+
+
+# -- process-set helpers ------------------------------------------------------------------------------------
+def _set_size(process_set: ProcessSet) -> int:
+    return basics.size() if _set_id(process_set) == 0 else len(process_set.ranks)
+
+
+def _set_rank(process_set: ProcessSet) -> int:
+    if _set_id(process_set) == 0:
+        return basics.rank()
+    me = basics.rank()
+    if me not in process_set.ranks:
+        raise ValueError(f"Rank {me} is not a member of the provided process set {process_set.ranks}.")
+    return process_set.ranks.index(me)
+
+
+def _check_op(op: int) -> None:
+    if op not in engine_ops.OP_NAMES:
+        raise ValueError(f"Unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product "
+                         f"or hvd.Adasum.")
+
+
+def _check_not_scalar(tensor: tf.Tensor, what: str) -> None:
+    if tensor.shape.rank == 0:
+        raise ValueError(f"{what} needs a tensor with at least one dimension; got a scalar. Reshape it to [1] "
+                         f"first.")
+
+
+def _is_differentiable(dtype: tf.DType) -> bool:
+    return dtype.is_floating or dtype.is_complex
+
+
+# -- kernels (run when the op executes) ---------------------------------------------------------------------
+def _names(prefix: str, base: Optional[str], count: int, grouped: bool) -> List[str]:
+    if grouped:
+        return collectives.group_names(f"grouped_{prefix}", base, count)[0]
+    return [collectives.tensor_name(prefix, base)]
+
+
+def _allreduce_kernel(base, op, prescale, postscale, set_id, count, grouped):
+    def kernel(*arrays):
+        views = [bridge.engine_view(a) for a in arrays]
+        tensors = [v for v, _ in views]
+        handle = collectives.allreduce_async(
+            tensors, _names("allreduce", base, count, grouped), op=op, prescale=prescale, postscale=postscale,
+            process_set=set_id, outputs=[np.empty_like(t) for t in tensors], dtypes=[d for _, d in views],
+            grouped=grouped)
+        results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
+        return [bridge.from_engine(r, a.dtype) for r, a in zip(results, arrays)]
+
+    return kernel
+
+
+def _allgather_kernel(base, set_id, count, grouped):
+    def kernel(*arrays):
+        for a in arrays:
+            if a.ndim == 0:
+                raise ValueError("allgather needs a tensor with at least one dimension; got a scalar.")
+        views = [bridge.movable_view(a) for a in arrays]
+        handle = collectives.allgather_async([v for v, _, _ in views], _names("allgather", base, count, grouped),
+                                             process_set=set_id, dtypes=[d for _, d, _ in views], grouped=grouped)
+        results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
+        return [restore(r) for (_, _, restore), r in zip(views, results)]
+
+    return kernel
+
+
+def _broadcast_kernel(base, root_rank, set_id, count, grouped):
+    def kernel(*arrays):
+        views = [bridge.movable_view(a) for a in arrays]
+        tensors = [v for v, _, _ in views]
+        handle = collectives.broadcast_async(tensors, _names("broadcast", base, count, grouped), root_rank,
+                                             process_set=set_id, outputs=[t.copy() for t in tensors],
+                                             dtypes=[d for _, d, _ in views], grouped=grouped)
+        results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
+        return [restore(r) for (_, _, restore), r in zip(views, results)]
+
+    return kernel
+
+
+def _reducescatter_kernel(base, op, prescale, postscale, set_id, count, grouped):
+    def kernel(*arrays):
+        views = [bridge.engine_view(a) for a in arrays]
+        handle = collectives.reducescatter_async(
+            [v for v, _ in views], _names("reducescatter", base, count, grouped), op=op, prescale=prescale,
+            postscale=postscale, process_set=set_id, dtypes=[d for _, d in views], grouped=grouped)
+        results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
+        return [bridge.from_engine(r, a.dtype) for r, a in zip(results, arrays)]
+
+    return kernel
+
+
+def _alltoall_kernel(base, set_id, with_splits):
+    def kernel(array, splits):
+        view, dtype, restore = bridge.movable_view(array)
+        handle = collectives.alltoall_async(view, collectives.tensor_name("alltoall", base),
+                                            splits.reshape(-1).tolist() if with_splits else None,
+                                            process_set=set_id, dtype=dtype)
+        output, received = bridge.wait(handle)
+        return [restore(output), np.asarray(received, dtype=np.int32)]
+
+    return kernel
+
+
+# -- allreduce ----------------------------------------------------------------------------------------------
+def _scaled_extremum_mask(x, y, prescale, postscale):
+    scaled = x if prescale == postscale == 1.0 else x * tf.cast(prescale * postscale, x.dtype)
+    return tf.cast(tf.equal(scaled, y), x.dtype)
+
+
+def _reduction_grads(xs, ys, dys, op, prescale, postscale, process_set, ignore_name_scope):
+    """Gradients of a (grouped) allreduce; non-differentiable inputs get ``None``."""
+    live = [i for i, x in enumerate(xs) if _is_differentiable(x.dtype)]
+    grads: List[Optional[tf.Tensor]] = [None] * len(xs)
+    if not live:
+        return grads
+    upstream = [dys[i] if dys[i] is not None else tf.zeros_like(ys[i]) for i in live]
+    if op in (Sum, Average, Adasum):
+        reduced = _grouped_allreduce(upstream, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                                     process_set=process_set, ignore_name_scope=ignore_name_scope)
+        for i, g in zip(live, reduced):
+            grads[i] = g
+        return grads
+    summed = _grouped_allreduce(upstream, op=Sum, process_set=process_set, ignore_name_scope=ignore_name_scope)
+    for i, g in zip(live, summed):
+        if op in (Min, Max):
+            grads[i] = g * _scaled_extremum_mask(xs[i], ys[i], prescale, postscale)
+        else:  # Product: d(prod)/dx_i = prod / x_i
+            grads[i] = g * tf.math.divide_no_nan(ys[i], xs[i])
+    return grads
+
+
+@not_converted
+def _allreduce(tensor, name: Optional[str] = None, op: int = Sum, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+               ignore_name_scope: bool = False) -> tf.Tensor:
+    """Allreduce one dense tensor (no compression, no IndexedSlices); see :func:`horovod.tensorflow.allreduce`."""
+    return _grouped_allreduce([tensor], name, op, prescale_factor, postscale_factor, process_set,
+                              ignore_name_scope, _single=True)[0]
+
+
+@not_converted
+def _grouped_allreduce(tensors: Sequence, name: Optional[str] = None, op: int = Sum, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                       ignore_name_scope: bool = False, _single: bool = False) -> List[tf.Tensor]:
+    """Allreduce a list of dense tensors as one atomic group (one op, fused by the engine)."""
+    _check_op(op)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    set_id = _set_id(process_set)
+    op_type = "HorovodAllreduce" if _single else "HorovodGroupedAllreduce"
+    base = bridge.base_name(op_type, name, ignore_name_scope)
+    kernel = _allreduce_kernel(base, op, prescale_factor, postscale_factor, set_id, len(tensors),
+                               grouped=not _single)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, [x.shape for x in xs])
+
+        def grad(*dys):
+            return _reduction_grads(xs, ys, dys, op, prescale_factor, postscale_factor, process_set,
+                                    ignore_name_scope)
+
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+# -- allgather ----------------------------------------------------------------------------------------------
+def _allgather_grads(xs, dys, process_set, ignore_name_scope):
+    live = [i for i, x in enumerate(xs) if _is_differentiable(x.dtype)]
+    grads: List[Optional[tf.Tensor]] = [None] * len(xs)
+    if not live:
+        return grads
+    reduced = _grouped_allreduce([dys[i] for i in live], op=Average, process_set=process_set,
+                                 ignore_name_scope=ignore_name_scope)
+    # One allgather tells every rank the first dimension each rank contributed, for all tensors at once.
+    mine = tf.stack([tf.shape(xs[i], out_type=tf.int64)[0] for i in live])
+    dims = allgather(tf.reshape(mine, [1, len(live)]), process_set=process_set,
+                     ignore_name_scope=ignore_name_scope)
+    offsets = tf.reduce_sum(dims[:_set_rank(process_set)], axis=0)
+    for k, (i, g) in enumerate(zip(live, reduced)):
+        grads[i] = g[offsets[k]:offsets[k] + mine[k]]
+    return grads
+
+
+@not_converted
+def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Concatenate ``tensor`` from every rank of the process set along dimension 0.
+
+    The first dimension may differ between ranks; the others must match.  All ranks of the process set must
+    call it, in the same order.
+
+    Returns:
+        A tensor with the sum of all ranks' first dimensions.
+    """
+    return _grouped_allgather([tensor], name, ignore_name_scope, process_set, _single=True)[0]
+
+
+@not_converted
+def grouped_allgather(tensors: Sequence, name: Optional[str] = None, ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+    """:func:`allgather` of a list of tensors as one atomic group."""
+    return _grouped_allgather(tensors, name, ignore_name_scope, process_set)
+
+
+@not_converted
+def _grouped_allgather(tensors, name, ignore_name_scope, process_set, _single=False):
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    for t in tensors:
+        _check_not_scalar(t, "allgather")
+    set_id = _set_id(process_set)
+    op_type = "HorovodAllgather" if _single else "HorovodGroupedAllgather"
+    base = bridge.base_name(op_type, name, ignore_name_scope)
+    kernel = _allgather_kernel(base, set_id, len(tensors), grouped=not _single)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        shapes = [tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank is not None else None
+                  for x in xs]
+        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, shapes)
+
+        def grad(*dys):
+            return _allgather_grads(xs, dys, process_set, ignore_name_scope)
+
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+# -- broadcast ----------------------------------------------------------------------------------------------
+def _check_root(root_rank) -> int:
+    if isinstance(root_rank, (tf.Tensor, tf.Variable)):
+        raise ValueError("broadcast root_rank must be a Python int (a global rank), not a tensor.")
+    if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
+        raise ValueError(f"broadcast root_rank must be an int, got {root_rank!r}.")
+    return int(root_rank)
+
+
+@not_converted
+def broadcast(tensor, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Return ``root_rank``'s ``tensor`` on every rank of the process set (``root_rank`` is a global rank).
+
+    All ranks of the process set must call it, in the same order.
+    """
+    return _grouped_broadcast([tensor], root_rank, name, ignore_name_scope, process_set, _single=True)[0]
+
+
+@not_converted
+def _grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False,
+                       process_set: ProcessSet = global_process_set, _single=False) -> List[tf.Tensor]:
+    root_rank = _check_root(root_rank)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    set_id = _set_id(process_set)
+    op_type = "HorovodBroadcast" if _single else "HorovodGroupedBroadcast"
+    base = bridge.base_name(op_type, name, ignore_name_scope)
+    kernel = _broadcast_kernel(base, root_rank, set_id, len(tensors), grouped=not _single)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, [x.shape for x in xs])
+
+        def grad(*dys):
+            live = [i for i, x in enumerate(xs) if _is_differentiable(x.dtype)]
+            grads: List[Optional[tf.Tensor]] = [None] * len(xs)
+            if not live:
+                return grads
+            upstream = [dys[i] if dys[i] is not None else tf.zeros_like(ys[i]) for i in live]
+            reduced = _grouped_allreduce(upstream, op=Average, process_set=process_set,
+                                         ignore_name_scope=ignore_name_scope)
+            is_root = basics.rank() == root_rank
+            for i, g in zip(live, reduced):
+                grads[i] = g if is_root else tf.zeros_like(g)
+            return grads
+
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+def _op_of(value):
+    if isinstance(value, tf.Operation):
+        return value
+    return getattr(value, "op", None)
+
+
+@not_converted
+def broadcast_(variables, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set):
+    """Broadcast variables from ``root_rank`` in place (the variables are assigned the root's values).
+
+    Args:
+        variables: a variable or a list of variables.
+
+    Returns:
+        The updated values (a tensor, or a list of tensors for a list).
+    """
+    single = not isinstance(variables, (list, tuple))
+    var_list = [variables] if single else list(variables)
+    values = _grouped_broadcast([tf.convert_to_tensor(v) for v in var_list], root_rank, name,
+                                process_set=process_set)
+    assigns = [v.assign(b) for v, b in zip(var_list, values)]
+    if bridge.executing_eagerly():
+        out = [tf.convert_to_tensor(v) for v in var_list]
+    else:
+        deps = [o for o in (_op_of(a) for a in assigns) if o is not None]
+        with tf.control_dependencies(deps):
+            out = [tf.identity(b) for b in values]
+    return out[0] if single else out
+
+
+# -- alltoall -----------------------------------------------------------------------------------------------
+@not_converted
+def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set):
+    """Send rows ``splits[p]`` of ``tensor`` to member p of the process set and receive theirs.
+
+    Without ``splits`` the first dimension is split evenly.  All ranks of the process set must call it, in
+    the same order.
+
+    Returns:
+        ``(output, received_splits)``: the received rows concatenated in rank order, and how many rows came
+        from each member (int32).
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    _check_not_scalar(tensor, "alltoall")
+    set_id = _set_id(process_set)
+    set_size = _set_size(process_set)
+    with_splits = splits is not None
+    splits_t = tf.reshape(tf.cast(splits, tf.int32), [-1]) if with_splits else tf.zeros([0], tf.int32)
+    base = bridge.base_name("HorovodAlltoall", name, ignore_name_scope)
+    kernel = _alltoall_kernel(base, set_id, with_splits)
+
+    @tf.custom_gradient
+    def forward(x, s):
+        shape = tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank is not None else None
+        y, received = bridge.run(kernel, [x, s], [x.dtype, tf.int32], "HorovodAlltoall",
+                                 [shape, tf.TensorShape([set_size])])
+
+        def grad(dy, _unused):
+            if not _is_differentiable(x.dtype):
+                return None, None
+            if dy is None:
+                dy = tf.zeros_like(y)
+            dx, _ = alltoall(dy, splits=received, process_set=process_set, ignore_name_scope=ignore_name_scope)
+            return dx, None
+
+        return (y, received), grad
+
+    output, received = forward(tensor, splits_t)
+    return output, received
+
+
+# -- reducescatter ------------------------------------------------------------------------------------------
+def _scatter_rows(rows: int, size: int, rank: int) -> int:
+    return rows // size + (1 if rank < rows % size else 0)
+
+
+@not_converted
+def _reducescatter(tensor, name: Optional[str] = None, op: int = Average,
+                   process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduce one dense tensor and keep this rank's block of rows (no compression)."""
+    return _grouped_reducescatter([tensor], name, op, process_set, ignore_name_scope, prescale_factor,
+                                  postscale_factor, _single=True)[0]
+
+
+@not_converted
+def _grouped_reducescatter(tensors, name=None, op: int = Average, process_set: ProcessSet = global_process_set,
+                           ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                           postscale_factor: float = 1.0, _single: bool = False) -> List[tf.Tensor]:
+    if op not in (Sum, Average):
+        raise ValueError(f"reducescatter supports only hvd.Sum and hvd.Average, got "
+                         f"{engine_ops.OP_NAMES.get(op, op)}.")
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    for t in tensors:
+        _check_not_scalar(t, "reducescatter")
+    set_id = _set_id(process_set)
+    set_size, set_rank = _set_size(process_set), _set_rank(process_set)
+    op_type = "HorovodReducescatter" if _single else "HorovodGroupedReducescatter"
+    base = bridge.base_name(op_type, name, ignore_name_scope)
+    kernel = _reducescatter_kernel(base, op, prescale_factor, postscale_factor, set_id, len(tensors),
+                                   grouped=not _single)
+
+    def out_shape(x):
+        if x.shape.rank is None:
+            return None
+        rows = x.shape[0]
+        first = None if rows is None else _scatter_rows(rows, set_size, set_rank)
+        return tf.TensorShape([first]).concatenate(x.shape[1:])
+
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, [out_shape(x) for x in xs])
+
+        def grad(*dys):
+            live = [i for i, x in enumerate(xs) if _is_differentiable(x.dtype)]
+            grads: List[Optional[tf.Tensor]] = [None] * len(xs)
+            if not live:
+                return grads
+            upstream = [dys[i] if dys[i] is not None else tf.zeros_like(ys[i]) for i in live]
+            gathered = _grouped_allgather(upstream, None, ignore_name_scope, process_set)
+            factor = prescale_factor * postscale_factor / (set_size if op == Average else 1)
+            for i, g in zip(live, gathered):
+                grads[i] = g if factor == 1.0 else g * tf.cast(factor, g.dtype)
+            return grads
+
+        return ys, grad
+
+    return list(forward(*tensors))
