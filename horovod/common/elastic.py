@@ -2,15 +2,19 @@
 
 ``run_fn`` wraps a training function.  When a collective fails (a peer died) the last committed state is
 restored; when hosts were added or removed the current state is kept.  Either way the engine is shut down and
-re-initialised with the new membership, and the state is then *always* synchronised from the new rank 0 — a
-reset never skips that step, so survivors and newcomers always agree on what was committed.
+re-initialised with the new membership, and the state is then *always* synchronised — a reset never skips that
+step, so survivors and newcomers always agree on what was committed.
+
+The synchronisation comes from the rank holding the newest commit (the lowest such rank; normally the new rank
+0, the oldest survivor).  A collective can fail on some ranks after it completed on others, so one survivor may
+have committed a step another has not; taking the newest commit means no committed step is ever rolled back.
 """
 from __future__ import annotations
 
 import copy
 import functools
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Type
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
@@ -29,6 +33,8 @@ class State:
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks: List[Callable[[], None]] = []
+        self._commits = 0      # commits in this state's lineage: the newest one wins at a reset
+        self._sync_root = 0    # rank that sync() broadcasts from; chosen by run_fn before each sync
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
         """Functions called after every reset (e.g. to rescale the learning rate to the new size)."""
@@ -45,6 +51,7 @@ class State:
     def commit(self) -> None:
         """Save the state in memory (the point a failure rolls back to), then check for host changes."""
         self.save()
+        self._commits += 1
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -58,7 +65,8 @@ class State:
         runtime = basics.runtime()
         if runtime.epoch is None:
             return
-        info = None
+        # Every rank passes a value of the same type: bindings name the broadcast after the object's type.
+        info = {"version": -1, "removal_only": False}
         if basics.rank() == 0:
             info = membership.hosts_version(runtime.store)
         info = self._bcast_object(info, root_rank=0) if basics.size() > 1 else info
@@ -101,8 +109,57 @@ class ObjectState(State):
 
     def sync(self) -> None:
         if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
+            self._saved_state = self._bcast_object(self._saved_state, root_rank=self._sync_root)
             self._set_attrs()
+
+
+#: How many times a worker retries joining a new epoch whose rendezvous failed (a member died meanwhile).
+_JOIN_RETRIES = 3
+
+
+def _cause(exc: BaseException, kind: Type[BaseException]) -> Optional[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _sync_from_newest(state: State) -> None:
+    """``state.sync()`` from the lowest rank holding the newest commit (everyone adopts its commit count)."""
+    from horovod.common import basics, objects
+
+    root = 0
+    if basics.size() > 1:
+        counts = objects.allgather_object(int(getattr(state, "_commits", 0)), name="elastic.commits")
+        root = counts.index(max(counts))
+        state._commits = counts[root]
+    state._sync_root = root
+    state.sync()
+
+
+def _rejoin(reset: Callable[[], None]) -> None:
+    """Run ``reset`` (shut down, join the next epoch), retrying when the new epoch's rendezvous fails.
+
+    A worker the driver dropped from the job exits quietly (status 0): its host was removed.
+    """
+    from horovod.engine import membership
+
+    for attempt in range(_JOIN_RETRIES + 1):
+        try:
+            reset()
+            return
+        except Exception as exc:  # noqa: BLE001 - init() wraps the cause; we classify it below
+            removed = _cause(exc, membership.RemovedFromJob)
+            if removed is not None:
+                logger.warning("elastic: %s; this worker exits", removed)
+                raise SystemExit(0) from None
+            if _cause(exc, membership.AssignmentTimeout) is not None or attempt == _JOIN_RETRIES:
+                raise
+            # A member of the new epoch died before it connected: the driver will publish another epoch.
+            logger.warning("elastic: joining the new epoch failed (%s); waiting for the next one", exc)
 
 
 def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
@@ -120,7 +177,7 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
         resets = 0
         while True:
             try:
-                state.sync()
+                _sync_from_newest(state)
                 return func(state, *args, **kwargs)
             except HorovodInternalError as exc:
                 logger.warning("elastic: collective failed (%s); restoring the last commit", exc)
@@ -128,7 +185,7 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
             except HostsUpdatedInterrupt:
                 logger.info("elastic: hosts changed; resetting with the current state")
             resets += 1
-            reset()
+            _rejoin(reset)
             logger.info("elastic: reset %d done: rank %d of %d", resets, basics.rank(), basics.size())
             state.on_reset()
 

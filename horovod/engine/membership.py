@@ -25,6 +25,10 @@ class RemovedFromJob(RuntimeError):
     """The driver's newest assignment no longer contains this worker (its host was removed)."""
 
 
+class AssignmentTimeout(TimeoutError):
+    """No new epoch placed this worker within the elastic timeout (the driver is waiting for slots, or gone)."""
+
+
 @dataclass(frozen=True)
 class Assignment:
     epoch: int
@@ -48,7 +52,8 @@ def wait_for_assignment(store, worker_id: str, last_epoch: int, timeout: float,
 
     Raises:
         RemovedFromJob: a newer epoch exists that leaves this worker out.
-        TimeoutError: no new epoch within ``timeout`` seconds (the message says what the driver last published).
+        AssignmentTimeout: no new epoch within ``timeout`` seconds (the message says what the driver last
+            published).
     """
     announce_ready(store, worker_id, last_epoch)
     deadline = time.monotonic() + timeout
@@ -69,7 +74,7 @@ def wait_for_assignment(store, worker_id: str, last_epoch: int, timeout: float,
                                       hostname, int(seen.get("hosts_version", 0)))
         if time.monotonic() > deadline:
             last = f"epoch {seen['epoch']} with workers {sorted(seen['workers'])}" if seen else "nothing"
-            raise TimeoutError(
+            raise AssignmentTimeout(
                 f"elastic worker {worker_id} waited {timeout:.0f} s for a new assignment after epoch {last_epoch}; "
                 f"the driver last published {last}. Too few slots may be available (see --min-np and "
                 f"--elastic-timeout).")

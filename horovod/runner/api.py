@@ -145,7 +145,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
     if verbose:
         _configure_logging(True)
     mode = launch_mode(hargs)
-    if mode != "gloo":
+    if mode not in ("gloo", "elastic"):
         _not_available(mode, hargs)
 
     parent_env = dict(os.environ)
@@ -155,6 +155,10 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
     if root not in pythonpath.split(os.pathsep):
         pythonpath = root + (os.pathsep + pythonpath if pythonpath else "")
     payload = cloudpickle.dumps(functools.partial(func, *args, **(kwargs or {})))
+    if mode == "elastic":
+        from horovod.runner.elastic.launch import run_elastic_function
+
+        return run_elastic_function(hargs, payload, parent_env, {"PYTHONPATH": pythonpath})
 
     def command(addr: str, port: int) -> List[str]:
         return [hargs.executable, "-m", "horovod.runner.run_task", addr, str(port)]

@@ -153,8 +153,15 @@ def run_gloo(args: Any, parent_env: Mapping[str, str]) -> None:
     run_gloo_job(job_settings(args, list(args.command), parent_env), parent_env)
 
 
+def run_elastic(args: Any, parent_env: Mapping[str, str]) -> None:
+    """Run ``args.command`` as an elastic job (:mod:`horovod.runner.elastic`, imported only when used)."""
+    from horovod.runner.elastic.launch import run_elastic as _run_elastic
+
+    _run_elastic(args, parent_env)
+
+
 #: Launch mode → function running the job; see the module docstring.
-JOB_RUNNERS: Dict[str, Callable[[Any, Mapping[str, str]], None]] = {"gloo": run_gloo}
+JOB_RUNNERS: Dict[str, Callable[[Any, Mapping[str, str]], None]] = {"gloo": run_gloo, "elastic": run_elastic}
 
 
 class _Stopped(BaseException):

@@ -1,0 +1,525 @@
+"""The elastic driver: keeps a job running while hosts come and go and workers fail.
+
+The driver serves the job's authenticated rendezvous store and talks to the workers only through it (the
+protocol is described in :mod:`horovod.engine.membership`):
+
+- Every second it asks the discovery script which hosts exist.  Usable hosts are the discovered ones that
+  are not blacklisted; their slots, up to ``--max-np``, are the workers it *wants* (:func:`layout.plan_members`:
+  survivors of the current epoch first, in rank order, then newcomers).
+- It starts a process for every wanted slot that has none (``HOROVOD_ELASTIC=1``,
+  ``HOROVOD_ELASTIC_WORKER_ID=<host>:<slot>``), and stops processes that are no longer wanted once they left
+  their epoch.
+- When the wanted workers differ from the current epoch's members it bumps ``hosts``; the running workers see
+  it at their next ``state.commit()`` and reset together (``HostsUpdatedInterrupt``).
+- A worker exiting non-zero blacklists its host (for ever, or for a growing cooldown) and stops the other
+  workers there; the survivors see a failed collective, restore their last commit and reset.
+- Once every wanted worker has announced that it left its last epoch (``ready/<id>`` = that epoch), the
+  driver publishes the next epoch's ``assignment``.  Each new epoch after the first is a reset and counts
+  against ``--reset-limit``.
+- With fewer than ``--min-np`` usable slots it waits up to ``--elastic-timeout`` seconds for more.
+- The job succeeds when the members of the last epoch exit 0 (workers that were still waiting to join are
+  stopped then).
+
+Everything that decides (which workers, which ranks, blacklist cooldowns) is a pure function in
+:mod:`layout` and :mod:`blacklist`; this module does the processes and the store.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import secrets
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from horovod.engine import membership
+from horovod.runner import exec as _exec
+from horovod.runner.elastic.blacklist import HostBlacklist
+from horovod.runner.elastic.discovery import DiscoveryError, HostDiscovery
+from horovod.runner.elastic.layout import assign_ranks, host_of, plan_members
+from horovod.runner.exec import DEFAULT_GRACE_SECONDS, JobFailedError, WorkerExit, WorkerSpec
+from horovod.runner.hosts import HostInfo, is_local_host
+from horovod.runner.job import LOCAL_RENDEZVOUS_HOST, JobSettings, job_env
+from horovod.runner.output import OutputSink
+from horovod.runner.rendezvous import MemoryStore, RendezvousServer
+
+logger = logging.getLogger(__name__)
+
+#: The original's wording, kept for callers that match it.
+RESET_LIMIT_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
+
+#: Seconds between two runs of the discovery script.
+DISCOVERY_INTERVAL = 1.0
+
+#: Longest the driver sleeps before looking at the store again (workers announce readiness there).
+_TICK = 0.2
+
+#: Workers wait this much longer than the driver for an epoch, so that a driver timeout is what the user sees.
+WORKER_TIMEOUT_MARGIN = 60
+
+Command = Union[Sequence[str], Callable[[str, int], Sequence[str]]]
+
+
+class ElasticJobError(JobFailedError):
+    """The elastic job failed as a whole (reset limit, too few slots for too long, a failure while finishing)."""
+
+    def __init__(self, message: str, first: Optional[WorkerExit] = None, exits: Sequence[WorkerExit] = ()):
+        RuntimeError.__init__(self, message)
+        self.first = first
+        self.exits = list(exits)
+
+
+@dataclass
+class ElasticSettings:
+    """Everything the driver needs, resolved from flags / API arguments.
+
+    Attributes:
+        num_proc: workers needed to start the job (``-np``).
+        min_np: fewest workers the job runs with (``--min-np``).
+        max_np: most workers (``--max-np``; ``None`` = every available slot).
+        command: argv of every worker, or a function of the rendezvous ``(addr, port)`` returning it.
+        discovery: where the hosts come from.
+        elastic_timeout: seconds to wait for ``min_np`` (``num_proc`` at start) usable slots.
+        reset_limit: most resets allowed (``None`` = unlimited).
+        cooldown_range: blacklist cooldown ``(MIN, MAX)`` seconds (``None`` = blacklisted for ever).
+        knob_env, nics, output_dir, prefix_timestamp, start_timeout, grace_seconds, extra_env: as for a static job.
+        discovery_interval: seconds between discovery runs.
+    """
+
+    num_proc: int
+    min_np: int
+    max_np: Optional[int]
+    command: Command
+    discovery: HostDiscovery
+    elastic_timeout: float = 600.0
+    reset_limit: Optional[int] = None
+    cooldown_range: Optional[Tuple[int, int]] = None
+    knob_env: Dict[str, str] = field(default_factory=dict)
+    nics: List[str] = field(default_factory=list)
+    output_dir: Optional[str] = None
+    prefix_timestamp: bool = False
+    start_timeout: int = 30
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    extra_env: Dict[str, str] = field(default_factory=dict)
+    discovery_interval: float = DISCOVERY_INTERVAL
+
+    def validate(self) -> None:
+        """Raises ValueError on inconsistent process counts."""
+        if self.min_np < 1:
+            raise ValueError(f"--min-np must be >= 1, got {self.min_np}")
+        if self.num_proc < self.min_np:
+            raise ValueError(f"-np {self.num_proc} is below --min-np {self.min_np}; -np is the number of workers "
+                             f"to start with and must be between --min-np and --max-np")
+        if self.max_np is not None and self.max_np < self.num_proc:
+            raise ValueError(f"--max-np {self.max_np} is below -np {self.num_proc}; -np is the number of workers "
+                             f"to start with and must be between --min-np and --max-np")
+        if self.reset_limit is not None and self.reset_limit < 0:
+            raise ValueError(f"--reset-limit must be >= 0, got {self.reset_limit}")
+        if self.elastic_timeout < 0:
+            raise ValueError(f"--elastic-timeout must be >= 0, got {self.elastic_timeout}")
+
+
+@dataclass
+class ElasticResult:
+    """How an elastic job ended.
+
+    Attributes:
+        members: worker ids of the last epoch, by rank.
+        epochs: epochs published.
+        resets: epochs after the first.
+        store: the rendezvous store's contents.
+    """
+
+    members: List[str]
+    epochs: int
+    resets: int
+    store: MemoryStore
+
+
+@dataclass
+class _Worker:
+    wid: str
+    proc: subprocess.Popen
+    label: int                      # the rank it was planned for: its output prefix
+    last_epoch: int = -1            # last epoch the driver placed it in
+    exit_code: Optional[int] = None
+    removed: bool = False           # stopped by the driver: its exit is not a failure
+
+    @property
+    def host(self) -> str:
+        return host_of(self.wid)
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
+
+
+class ElasticDriver:
+    """Runs one elastic job; see the module docstring.
+
+    Args:
+        settings: the job.
+        parent_env: the launcher's environment, inherited by the workers.
+        clock: monotonic clock (injectable for tests).
+    """
+
+    def __init__(self, settings: ElasticSettings, parent_env: Mapping[str, str],
+                 clock: Callable[[], float] = time.monotonic):
+        settings.validate()
+        self.settings = settings
+        self.parent_env = dict(parent_env)
+        self._clock = clock
+        self.blacklist = HostBlacklist(settings.cooldown_range, clock=clock)
+        self._events: "queue.Queue[tuple]" = queue.Queue()
+        self._stop = threading.Event()
+        self._host_order: List[str] = []
+        self._slots: Dict[str, int] = {}
+        self._unlaunchable_warned: set = set()
+        self._discovered_once = False
+        self._discovery_error: Optional[str] = None
+        self._workers: Dict[str, _Worker] = {}
+        self._all_procs: List[subprocess.Popen] = []
+        self._members: List[str] = []
+        self._epoch = -1
+        self._resets = 0
+        self._hosts_version = 0
+        self._bumped_for: Optional[frozenset] = None
+        self._short_since: Optional[float] = None
+        self._finishing = False
+        self._failures: List[WorkerExit] = []
+        self._late_failures: List[WorkerExit] = []   # failures after a worker had finished
+        self._store: Optional[MemoryStore] = None
+        self._sink: Optional[OutputSink] = None
+        self._command: List[str] = []
+        self._env: Dict[str, str] = {}
+
+    # -- public ---------------------------------------------------------------------------------------
+    def run(self, setup: Optional[Callable[[RendezvousServer], None]] = None) -> ElasticResult:
+        """Run the job to its end.
+
+        Args:
+            setup: called with the running store before any worker starts.
+
+        Raises:
+            ElasticJobError: reset limit exceeded, too few slots within the elastic timeout, or a worker of the
+                last epoch failed after others had finished.
+        """
+        s = self.settings
+        secret = secrets.token_bytes(32)   # per job; reaches the workers only through their environment
+        with RendezvousServer(secret, host=LOCAL_RENDEZVOUS_HOST) as server:
+            self._store = server.store
+            if setup is not None:
+                setup(server)
+            self._command = list(s.command(server.host, server.port) if callable(s.command) else s.command)
+            base = JobSettings(num_proc=s.num_proc, hosts=[], command=self._command, knob_env=s.knob_env,
+                               nics=s.nics, output_dir=s.output_dir, prefix_timestamp=s.prefix_timestamp,
+                               start_timeout=s.start_timeout, extra_env=s.extra_env)
+            self._env = job_env(self.parent_env, base, server.host, server.port, secret)
+            self._env["HOROVOD_ELASTIC"] = "1"
+            self._env["HOROVOD_ELASTIC_TIMEOUT"] = str(int(s.elastic_timeout) + WORKER_TIMEOUT_MARGIN)
+            self._sink = OutputSink(max(s.max_np or 0, s.num_proc), prefix_timestamp=s.prefix_timestamp,
+                                    output_dir=s.output_dir)
+            logger.info("elastic job: rendezvous store at %s:%s; -np %d, --min-np %d, --max-np %s",
+                        server.host, server.port, s.num_proc, s.min_np, s.max_np)
+            try:
+                self._on_hosts(s.discovery.find())
+            except DiscoveryError as exc:
+                # Usually a wrong path or a broken script: say so now rather than after the elastic timeout.
+                raise ValueError(f"{exc} (the first host discovery must succeed)") from None
+            discovery = threading.Thread(target=self._discovery_loop, name="hvd-elastic-discovery", daemon=True)
+            discovery.start()
+            try:
+                return self._loop()
+            finally:
+                self._stop.set()
+                _exec.terminate(self._all_procs, s.grace_seconds)
+                self._sink.finish()
+
+    # -- discovery ------------------------------------------------------------------------------------
+    def _discover_now(self) -> None:
+        try:
+            self._events.put(("hosts", self.settings.discovery.find()))
+        except DiscoveryError as exc:
+            self._events.put(("discovery_error", str(exc)))
+
+    def _discovery_loop(self) -> None:
+        while not self._stop.wait(self.settings.discovery_interval):
+            self._discover_now()
+
+    def _on_hosts(self, hosts: List[HostInfo]) -> None:
+        self._discovered_once = True
+        if self._discovery_error is not None:
+            logger.warning("host discovery works again")
+            self._discovery_error = None
+        usable = []
+        for host in hosts:
+            # The store listens on loopback and remote workers would need the ssh starter plus an address every
+            # host can reach, chosen before the hosts are known: not done yet, so only this machine's names.
+            if not is_local_host(host.hostname):
+                if host.hostname not in self._unlaunchable_warned:
+                    self._unlaunchable_warned.add(host.hostname)
+                    logger.warning("ignoring discovered host %s: the elastic driver starts workers on this machine "
+                                   "only so far (localhost, 127.0.0.1 or its host name)", host.hostname)
+                continue
+            usable.append(host)
+        names = [h.hostname for h in usable]
+        order = [n for n in self._host_order if n in names] + [n for n in names if n not in self._host_order]
+        slots = {h.hostname: h.slots for h in usable}
+        if order != self._host_order or slots != self._slots:
+            logger.info("discovered hosts: %s", ", ".join(f"{n}:{slots[n]}" for n in order) or "none")
+        self._host_order, self._slots = order, slots
+
+    def _usable_hosts(self) -> List[HostInfo]:
+        return [HostInfo(n, self._slots[n]) for n in self._host_order if not self.blacklist.is_blacklisted(n)]
+
+    # -- main loop ------------------------------------------------------------------------------------
+    def _loop(self) -> ElasticResult:
+        while True:
+            try:
+                events = [self._events.get(timeout=_TICK)]
+            except queue.Empty:
+                events = []
+            while True:
+                try:
+                    events.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            for event in events:
+                self._handle(event)
+            result = self._step()
+            if result is not None:
+                return result
+
+    def _handle(self, event: tuple) -> None:
+        kind = event[0]
+        if kind == "hosts":
+            self._on_hosts(event[1])
+        elif kind == "discovery_error":
+            if event[1] != self._discovery_error:
+                logger.warning("%s; keeping the last known hosts", event[1])
+            self._discovery_error = event[1]
+        elif kind == "exit":
+            self._on_exit(*event[1:])
+
+    def _step(self) -> Optional[ElasticResult]:
+        if self._finishing:
+            return self._finish_if_done()
+        if not self._discovered_once:
+            self._check_slot_timeout(0, self.settings.num_proc, what="the first host discovery")
+            return None
+        s = self.settings
+        alive = {w.wid for w in self._workers.values() if w.running and not w.removed}
+        wanted = plan_members(self._members, self._usable_hosts(), alive, s.max_np)
+        need = s.num_proc if self._epoch < 0 else s.min_np
+        enough = len(wanted) >= need
+        if enough:
+            if self._short_since is not None:
+                logger.warning("elastic: %d slots available again (need %d); continuing", len(wanted), need)
+            self._short_since = None
+        else:
+            self._check_slot_timeout(len(wanted), need)
+        self._stop_unwanted(set(wanted))
+        if self._epoch >= 0:
+            self._maybe_bump_hosts(wanted)
+        if self._epoch >= 0 or enough:
+            for index, wid in enumerate(wanted):
+                self._ensure_started(wid, index)
+        if enough and all(self._idle(wid) for wid in wanted):
+            self._publish(wanted)
+        return None
+
+    def _check_slot_timeout(self, have: int, need: int, what: str = "") -> None:
+        now = self._clock()
+        if self._short_since is None:
+            self._short_since = now
+            if self._epoch >= 0:
+                logger.warning("elastic: only %d usable slots, need --min-np %d; waiting up to %.0f s for more",
+                               have, need, self.settings.elastic_timeout)
+            return
+        if now - self._short_since <= self.settings.elastic_timeout:
+            return
+        flag = "-np" if self._epoch < 0 else "--min-np"
+        hosts = ", ".join(f"{n}:{self._slots[n]}" for n in self._host_order) or "none"
+        black = ", ".join(self.blacklist.blacklisted()) or "none"
+        detail = f"; last discovery error: {self._discovery_error}" if self._discovery_error else ""
+        raise ElasticJobError(
+            f"Timed out after {self.settings.elastic_timeout:.0f} s waiting for {need} usable slots ({flag} {need}) "
+            f"{'for ' + what if what else ''}: {have} available. Discovered hosts: {hosts}; blacklisted hosts: "
+            f"{black}{detail}. Make more hosts available, lower {flag}, or raise --elastic-timeout.",
+            first=self._failures[0] if self._failures else None, exits=self._failures)
+
+    # -- workers --------------------------------------------------------------------------------------
+    def _ready_epoch(self, wid: str) -> Optional[int]:
+        raw = self._store.get((membership.SCOPE, f"ready/{wid}"))
+        try:
+            return int(raw.decode()) if raw is not None else None
+        except ValueError:
+            return None
+
+    def _idle(self, wid: str) -> bool:
+        """The worker is running and waiting for an epoch newer than the last one it was placed in."""
+        worker = self._workers.get(wid)
+        return (worker is not None and worker.running and not worker.removed
+                and self._ready_epoch(wid) == worker.last_epoch
+                and worker.proc.poll() is None)   # its exit may not have reached the event queue yet
+
+    def _ensure_started(self, wid: str, label: int) -> None:
+        worker = self._workers.get(wid)
+        if worker is not None and worker.running:
+            return   # running (or still being stopped: the slot is reused once it is gone)
+        self._launch(wid, label)
+
+    def _launch(self, wid: str, label: int) -> None:
+        host = host_of(wid)
+        # A new process under a reused id must not mistake the old one's records for its own.
+        self._store.delete((membership.SCOPE, f"ready/{wid}"))
+        self._scrub_assignment(wid)
+        env = dict(self._env)
+        env.update({"HOROVOD_ELASTIC_WORKER_ID": wid, "HOROVOD_HOSTNAME": host,
+                    # Provisional layout: the real one arrives with the worker's first epoch.
+                    "HOROVOD_RANK": str(label), "HOROVOD_SIZE": str(max(label + 1, self.settings.num_proc)),
+                    "HOROVOD_LOCAL_RANK": wid.rsplit(":", 1)[1], "HOROVOD_LOCAL_SIZE": str(self._slots.get(host, 1)),
+                    "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"})
+        spec = WorkerSpec(rank=label, hostname=host, command=list(self._command), env=env,
+                          stdin=subprocess.DEVNULL)
+        proc = _exec._start(spec)
+        self._all_procs.append(proc)
+        worker = _Worker(wid, proc, label)
+        self._workers[wid] = worker
+        self._sink.attach(label, {"stdout": proc.stdout, "stderr": proc.stderr})
+        logger.info("started worker %s (pid %s)", wid, proc.pid)
+        threading.Thread(target=self._watch, args=(wid, proc), name=f"hvd-elastic-watch-{wid}", daemon=True).start()
+
+    def _watch(self, wid: str, proc: subprocess.Popen) -> None:
+        self._events.put(("exit", wid, proc, proc.wait()))
+
+    def _remove(self, worker: _Worker, why: str) -> None:
+        """Stop a worker that is no longer wanted; its exit status is not a failure."""
+        if worker.removed or not worker.running:
+            return
+        worker.removed = True
+        logger.info("stopping worker %s: %s", worker.wid, why)
+        threading.Thread(target=_exec.terminate, args=([worker.proc], self.settings.grace_seconds),
+                         name=f"hvd-elastic-stop-{worker.wid}", daemon=True).start()
+
+    def _stop_unwanted(self, wanted: set) -> None:
+        members = set(self._members)
+        for worker in list(self._workers.values()):
+            if not worker.running or worker.removed or worker.wid in wanted:
+                continue
+            if worker.wid in members and not self._idle(worker.wid):
+                continue   # still training in the current epoch: it leaves at the next reset
+            self._remove(worker, "its slot is no longer part of the job")
+
+    def _on_exit(self, wid: str, proc: subprocess.Popen, code: int) -> None:
+        worker = self._workers.get(wid)
+        if worker is None or worker.proc is not proc:
+            return   # an earlier process of a reused slot
+        worker.exit_code = code
+        if worker.removed:
+            logger.info("worker %s stopped (%s)", wid, code)
+            return
+        if code == 0:
+            # Training is over (a script that never joins an epoch counts too, as in the original).
+            if not self._finishing:
+                joined = "" if wid in self._members else " without joining an epoch"
+                logger.info("worker %s finished%s; the job ends when the other members do", wid, joined)
+            self._finishing = True
+            return
+        failure = WorkerExit(worker.label, worker.host, code)
+        self._failures.append(failure)
+        if self._finishing:
+            self._late_failures.append(failure)
+        cooldown = self.blacklist.blacklist(worker.host)
+        how = "for good" if cooldown is None else f"for {cooldown:.1f} s"
+        where = (f"rank {self._members.index(wid)} of epoch {self._epoch}" if wid in self._members and
+                 worker.last_epoch == self._epoch else "not in an epoch yet" if worker.last_epoch < 0 else
+                 f"last in epoch {worker.last_epoch}")
+        logger.warning("worker %s (%s) exited with %s; blacklisting host %s %s", wid, where,
+                       _describe_code(code), worker.host, how)
+        for other in self._workers.values():
+            if other.host == worker.host and other.running:
+                self._remove(other, f"host {worker.host} is blacklisted")
+
+    # -- epochs ---------------------------------------------------------------------------------------
+    def _maybe_bump_hosts(self, wanted: List[str]) -> None:
+        target = frozenset(wanted)
+        if target == frozenset(self._members) or target == self._bumped_for:
+            return
+        removal_only = target < frozenset(self._members)
+        self._hosts_version += 1
+        self._bumped_for = target
+        self._store.put((membership.SCOPE, "hosts"),
+                        json.dumps({"version": self._hosts_version, "removal_only": removal_only}).encode())
+        logger.info("hosts changed (version %d, %s): workers reset at their next commit", self._hosts_version,
+                    "removals only" if removal_only else "additions")
+
+    def _scrub_assignment(self, wid: str) -> None:
+        raw = self._store.get((membership.SCOPE, "assignment"))
+        if raw is None:
+            return
+        doc = json.loads(raw.decode())
+        if wid not in doc["workers"] and wid not in doc.get("removed", []):
+            return
+        # Its old process is gone and the current epoch failed or is ending with it; a fresh process must
+        # wait for the next epoch instead of joining this one (or reading itself as removed).
+        doc["workers"].pop(wid, None)
+        doc["removed"] = [w for w in doc.get("removed", []) if w != wid]
+        self._store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
+
+    def _publish(self, order: List[str]) -> None:
+        if self._epoch >= 0:
+            limit = self.settings.reset_limit
+            if limit is not None and self._resets >= limit:
+                raise ElasticJobError(RESET_LIMIT_MESSAGE.format(limit),
+                                      first=self._failures[0] if self._failures else None, exits=self._failures)
+            self._resets += 1
+        epoch = self._epoch + 1
+        ranks = assign_ranks(order)
+        kept = set(order)
+        removed = sorted({w for w in self._members if w not in kept} |
+                         {w.wid for w in self._workers.values() if w.running and w.wid not in kept})
+        doc = {"epoch": epoch, "hosts_version": self._hosts_version,
+               "workers": {wid: list(layout) for wid, layout in ranks.items()}, "removed": removed}
+        self._store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
+        for wid in order:
+            self._workers[wid].last_epoch = epoch
+        previous = len(self._members)
+        self._members, self._epoch = list(order), epoch
+        self._bumped_for = None
+        if epoch == 0:
+            logger.info("elastic: epoch 0 with %d workers: %s", len(order), ", ".join(order))
+        else:
+            logger.warning("elastic: reset %d: epoch %d with %d workers (was %d): %s", self._resets, epoch,
+                           len(order), previous, ", ".join(order))
+
+    def _finish_if_done(self) -> Optional[ElasticResult]:
+        """Once a worker finished: wait for every busy worker to exit; workers waiting for an epoch are stopped."""
+        if any(w.running and not w.removed and not self._idle(w.wid) for w in self._workers.values()):
+            return None
+        members = [self._workers[w] for w in self._members]
+        failed = [WorkerExit(m.label, m.host, m.exit_code) for m in members
+                  if m.exit_code not in (None, 0) and not m.removed]
+        failed += [f for f in self._late_failures if f not in failed]
+        for worker in self._workers.values():
+            if worker.running:
+                self._remove(worker, "the job has finished")
+        if failed:
+            raise ElasticJobError(f"{_exec.FAILURE_HEADLINE}\n{failed[0].describe()}", first=failed[0],
+                                  exits=failed)
+        logger.info("elastic job finished after %d resets", self._resets)
+        return ElasticResult(list(self._members), self._epoch + 1, self._resets, self._store)
+
+
+def _describe_code(code: int) -> str:
+    if code < 0:
+        import signal
+
+        try:
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)

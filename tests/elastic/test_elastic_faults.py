@@ -1,0 +1,139 @@
+"""Fault injection on real elastic jobs: workers die, raise, hosts leave and come back; training goes on.
+
+Every test runs ``horovodrun`` with a discovery script whose output the test rewrites, waits for the job to
+reach a point (read from the training log), injects the event, lets the job settle, stops it, and checks the
+log with :func:`check_training`: the number of resets, the size of every epoch, that each epoch resumed at
+the newest committed step of its survivors, and that the final model equals the one recomputed from the
+committed sequence.  Waits are bounded; a hang fails the test with the job's output.
+"""
+from __future__ import annotations
+
+import pytest
+
+from elastic_helpers import check_training, third_host
+
+pytestmark = pytest.mark.slow
+
+H1, H2 = "localhost", "127.0.0.1"
+
+
+def joined(size: int, epoch_at_least: int = 1):
+    """Predicate: rank 0 of an epoch >= ``epoch_at_least`` joined with ``size`` ranks."""
+    def check(events):
+        return any(e["ev"] == "join" and e["size"] == size and e["rank"] == 0 and e["epoch"] >= epoch_at_least
+                   for e in events)
+    return check
+
+
+def test_worker_killed_mid_epoch(elastic_job):
+    job = elastic_job([f"{H1}:2", f"{H2}:2"], ["-np", "4", "--min-np", "2"])
+    job.wait_for_commits(5, size=4)
+    job.kill(f"{H2}:1")                      # kill -9: no goodbye, the peers find out mid-collective
+    job.wait_for("the job continues on the other host", joined(2))
+    job.wait_for_commits(3, size=2, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    eps = check_training(job.events(), sizes=[4, 2], resets=1)
+    assert set(eps[-1].ranks) == {f"{H1}:0", f"{H1}:1"}   # the whole failed host is out (no cooldown range)
+    assert "exited with -9 (killed by SIGKILL); blacklisting host 127.0.0.1" in job.stderr()
+
+
+def test_worker_raising_an_exception(elastic_job):
+    job = elastic_job([f"{H1}:1", f"{H2}:1"], ["-np", "2", "--min-np", "1"],
+                      faults=[{"id": f"{H2}:0", "step": 6}])
+    job.wait_for("the job continues alone", joined(1))
+    job.wait_for_commits(3, size=1, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    eps = check_training(job.events(), sizes=[2, 1], resets=1)
+    assert eps[1].resume_step >= 5
+    # The worker's traceback reaches the user, prefixed with the rank it was started as.
+    assert "RuntimeError: injected failure on worker 127.0.0.1:0 at step 6" in job.stderr()
+    assert "[1]<stderr>:" in job.stderr()
+
+
+def test_host_removed_by_discovery(elastic_job):
+    job = elastic_job([f"{H1}:1", f"{H2}:1"], ["-np", "2", "--min-np", "1"])
+    job.wait_for_commits(4, size=2)
+    job.set_hosts([f"{H1}:1"])
+    job.wait_for("the job shrinks to the remaining host", joined(1))
+    job.wait_for_commits(3, size=1, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    eps = check_training(job.events(), sizes=[2, 1], resets=1)
+    # A planned removal loses nothing at all: the reset happens at a commit, on every rank together.
+    assert eps[1].resume_step == max(eps[0].last_commit.values())
+    assert "blacklisting" not in job.stderr()
+    assert "stopping worker 127.0.0.1:0: its slot is no longer part of the job" in job.stderr()
+    assert not job.alive(f"{H2}:0")
+
+
+def test_host_added_by_discovery(elastic_job):
+    job = elastic_job([f"{H1}:2"], ["-np", "2", "--min-np", "2", "--max-np", "4"])
+    job.wait_for_commits(4, size=2)
+    job.set_hosts([f"{H1}:2", f"{H2}:2"])
+    job.wait_for("the job grows to both hosts", joined(4))
+    job.wait_for_commits(3, size=4, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    eps = check_training(job.events(), sizes=[2, 4], resets=1)
+    # Survivors keep their ranks (rank 0 holds the state); newcomers come after them.
+    assert eps[1].ranks[f"{H1}:0"] == 0 and eps[1].ranks[f"{H1}:1"] == 1
+    assert {eps[1].ranks[f"{H2}:0"], eps[1].ranks[f"{H2}:1"]} == {2, 3}
+
+
+def test_all_workers_of_one_host_lost(elastic_job):
+    job = elastic_job([f"{H1}:2", f"{H2}:2"], ["-np", "4", "--min-np", "2"])
+    job.wait_for_commits(5, size=4)
+    job.kill(f"{H1}:0", f"{H1}:1")           # the host holding rank 0 disappears at once
+    job.wait_for("the job continues on the other host", joined(2))
+    job.wait_for_commits(3, size=2, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    eps = check_training(job.events(), sizes=[4, 2], resets=1)
+    assert eps[1].ranks == {f"{H2}:0": 0, f"{H2}:1": 1}
+
+
+def test_reset_limit_reached(elastic_job):
+    third = third_host()
+    if third is None:
+        pytest.skip("this machine's host name is localhost: no third local host name")
+    job = elastic_job([f"{H1}:1", f"{H2}:1", f"{third}:1"], ["-np", "3", "--min-np", "1", "--reset-limit", "1"],
+                      faults=[{"id": f"{H2}:0", "step": 4}, {"id": f"{third}:0", "step": 9}])
+    code = job.wait()
+    assert code == 1, job.diagnose()
+    assert "Horovod was shutdown because number of resets during elastic job exceeded limit: 1" in job.stderr()
+    eps = check_training(job.events(), sizes=[3, 2], resets=1, finished=False)
+    assert not job.events("done")
+    assert eps[1].resume_step >= 3
+
+
+def test_blacklisted_host_returns_after_cooldown(elastic_job):
+    job = elastic_job([f"{H1}:1", f"{H2}:1"], ["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "1", "2"],
+                      faults=[{"id": f"{H2}:0", "step": 4}])
+    job.wait_for("the job continues alone", joined(1))
+    job.wait_for("the host is back after its cooldown", joined(2, epoch_at_least=2), timeout=60)
+    job.wait_for_commits(3, size=2, min_epoch=2)
+    assert job.finish() == 0, job.diagnose()
+    eps = check_training(job.events(), sizes=[2, 1, 2], resets=2)
+    assert eps[2].ranks == {f"{H1}:0": 0, f"{H2}:0": 1}
+    assert len([e for e in job.events("start") if e["id"] == f"{H2}:0"]) == 2   # a fresh process took the slot
+
+
+def test_below_min_np_then_recovers(elastic_job):
+    job = elastic_job([f"{H1}:1", f"{H2}:1"], ["-np", "2", "--min-np", "2", "--elastic-timeout", "60"])
+    job.wait_for_commits(4, size=2)
+    job.set_hosts([f"{H1}:1"])
+    job.wait_for_output("only 1 usable slots, need --min-np 2")
+    job.set_hosts([f"{H1}:1", f"{H2}:1"])
+    job.wait_for("the job resumes with two workers", joined(2))
+    job.wait_for_commits(3, size=2, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    eps = check_training(job.events(), sizes=[2, 2], resets=1)   # never trained below --min-np
+    assert eps[1].resume_step == max(eps[0].last_commit.values())
+    assert "2 slots available again" in job.stderr()
+
+
+def test_below_min_np_times_out(elastic_job):
+    job = elastic_job([f"{H1}:1", f"{H2}:1"], ["-np", "2", "--min-np", "2", "--elastic-timeout", "2"])
+    job.wait_for_commits(3, size=2)
+    job.set_hosts([f"{H1}:1"])
+    assert job.wait() == 1, job.diagnose()
+    err = job.stderr()
+    assert "Timed out after 2 s waiting for 2 usable slots (--min-np 2)" in err, err
+    assert "Discovered hosts: localhost:1" in err
