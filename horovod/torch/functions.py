@@ -45,8 +45,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank of the process set (any cloudpickle-able value).
 
-    All ranks of the set must call it.  ``name`` defaults to the object's type name, so pass an explicit name
-    when ranks other than the root pass a placeholder of a different type (e.g. ``None``).
+    All ranks of the set must call it; unnamed calls are matched by issue order, so non-root ranks may pass a
+    placeholder such as ``None``.
     """
     return _objects.broadcast_object(obj, root_rank, name, _set_id(process_set))
 
