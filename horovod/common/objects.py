@@ -24,7 +24,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, p
     from horovod.common import basics
 
     # Unnamed calls are matched by issue order, not by type name: `obj if rank == 0 else None` must work.
-    name = name or collectives.tensor_name("object", None)
+    name = name or collectives.tensor_name("object", None, process_set)
     is_root = basics.rank() == root_rank
     payload = _to_bytes(obj) if is_root else np.zeros(0, dtype=np.uint8)
     size = np.array([payload.size if is_root else 0], dtype=np.int64)
@@ -41,7 +41,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, p
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: int = 0) -> List[Any]:
     """Return the list of every rank's ``obj``, in rank order (all ranks must call it)."""
-    name = name or collectives.tensor_name("object", None)
+    name = name or collectives.tensor_name("object", None, process_set)
     payload = _to_bytes(obj)
     sizes = collectives.allgather_async([np.array([payload.size], dtype=np.int64)],
                                         [f"allgather.{name}.sz"], process_set=process_set).wait()

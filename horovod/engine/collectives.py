@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,32 +20,29 @@ from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
 
 _name_lock = threading.Lock()
-_noname_counter = itertools.count()
-_group_counter = itertools.count()
+# One counter per process set: ranks outside a set never see its unnamed ops, so a shared counter would drift.
+_noname_counters: Dict[int, "itertools.count[int]"] = {}
 
 
 def reset_names() -> None:
     """Restart automatic naming (every rank does it at ``init()``, so names keep matching)."""
-    global _noname_counter, _group_counter
     with _name_lock:
-        _noname_counter = itertools.count()
-        _group_counter = itertools.count()
+        _noname_counters.clear()
 
 
-def tensor_name(prefix: str, name: Optional[str]) -> str:
-    """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered in issue order."""
+def tensor_name(prefix: str, name: Optional[str], process_set: int = 0) -> str:
+    """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered in issue order within ``process_set``."""
     if name is None:
         with _name_lock:
-            return f"{prefix}.noname.{next(_noname_counter)}"
+            counter = _noname_counters.setdefault(process_set, itertools.count())
+            return f"{prefix}.noname.{next(counter)}"
     return f"{prefix}.{name}"
 
 
-def group_names(prefix: str, name: Optional[str], count: int) -> Tuple[List[str], int]:
-    """Member names ``<base>_<i>of<n>`` (1-based) and a fresh group id."""
-    base = tensor_name(prefix, name)
-    with _name_lock:
-        gid = next(_group_counter)
-    return [f"{base}_{i}of{count}" for i in range(1, count + 1)], gid
+def group_names(prefix: str, name: Optional[str], count: int, process_set: int = 0) -> Tuple[List[str], str]:
+    """Member names ``<base>_<i>of<n>`` (1-based) and the group's key (its base name)."""
+    base = tensor_name(prefix, name, process_set)
+    return [f"{base}_{i}of{count}" for i in range(1, count + 1)], base
 
 
 def _runtime():
@@ -61,7 +58,7 @@ def _contiguous(a: np.ndarray) -> np.ndarray:
 def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, process_set: int,
              outputs: Optional[Sequence[Optional[np.ndarray]]] = None, dtypes: Optional[Sequence[str]] = None,
              op: int = ops.Sum, root: int = -1, prescale: float = 1.0, postscale: float = 1.0,
-             splits: Optional[Sequence[Optional[Sequence[int]]]] = None, group: Optional[int] = None,
+             splits: Optional[Sequence[Optional[Sequence[int]]]] = None, grouped: bool = False,
              finalize: Optional[Callable] = None) -> Handle:
     runtime = _runtime()
     handle = Handle(len(tensors), list(names), finalize)
@@ -72,7 +69,8 @@ def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, 
         dtype = ops.dtype_name(tensor, dtypes[i] if dtypes else None)
         req = Request(rank=runtime.rank, name=names[i], kind=kind, dtype=dtype, shape=tuple(tensor.shape), op=op,
                       root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
-                      group=(group, len(tensors)) if group is not None else None,
+                      # Ranks agree on member names, so the first name keys the group on the coordinator.
+                      group=(names[0], len(tensors)) if grouped else None,
                       splits=tuple(int(s) for s in splits[i]) if splits and splits[i] is not None else None)
         if tensor.nbytes <= inline_limit:
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
@@ -105,12 +103,8 @@ def allreduce_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, op: 
                     dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
     """Reduce each tensor across the process set (in place when ``outputs[i] is tensors[i]``)."""
     _check_op(op, process_set)
-    group = None
-    if grouped:
-        with _name_lock:
-            group = next(_group_counter)
     return _enqueue(ops.ALLREDUCE, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes, op=op,
-                    prescale=prescale, postscale=postscale, group=group, finalize=None if grouped else _single)
+                    prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single)
 
 
 def allgather_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, process_set: int = 0,
@@ -120,11 +114,7 @@ def allgather_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, proc
         if np.ndim(t) == 0:
             raise ValueError("allgather needs a tensor with at least one dimension; got a scalar. "
                              "Reshape it to [1] first.")
-    group = None
-    if grouped:
-        with _name_lock:
-            group = next(_group_counter)
-    return _enqueue(ops.ALLGATHER, tensors, names, process_set=process_set, dtypes=dtypes, group=group,
+    return _enqueue(ops.ALLGATHER, tensors, names, process_set=process_set, dtypes=dtypes, grouped=grouped,
                     finalize=None if grouped else _single)
 
 
@@ -139,12 +129,8 @@ def broadcast_async(tensors: Sequence[np.ndarray], names: Sequence[str], root_ra
                          f"[0, {runtime.size}).")
     if pset is not None and root_rank not in pset.ranks:
         raise ValueError(f"broadcast root_rank {root_rank} is not a member of the process set {list(pset.ranks)}.")
-    group = None
-    if grouped:
-        with _name_lock:
-            group = next(_group_counter)
     return _enqueue(ops.BROADCAST, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes,
-                    root=int(root_rank), group=group, finalize=None if grouped else _single)
+                    root=int(root_rank), grouped=grouped, finalize=None if grouped else _single)
 
 
 def alltoall_async(tensor: np.ndarray, name: str, splits: Optional[Sequence[int]] = None, *, process_set: int = 0,
@@ -184,12 +170,8 @@ def reducescatter_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, 
     for t in tensors:
         if np.ndim(t) == 0:
             raise ValueError("reducescatter needs a tensor with at least one dimension; got a scalar.")
-    group = None
-    if grouped:
-        with _name_lock:
-            group = next(_group_counter)
     return _enqueue(ops.REDUCESCATTER, tensors, names, process_set=process_set, dtypes=dtypes, op=op,
-                    prescale=prescale, postscale=postscale, group=group, finalize=None if grouped else _single)
+                    prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single)
 
 
 def barrier(process_set: int = 0) -> None:

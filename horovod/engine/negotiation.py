@@ -129,7 +129,6 @@ def reduce_inline(requests: Sequence[Request], set_size: int) -> bytes:
     from horovod.transport.base import reduce_into
 
     first = requests[0]
-    dtype = ops.compute_dtype(first.dtype)
     total = None
     for req in requests:
         raw = np.frombuffer(req.payload, dtype=ops.storage_dtype(first.dtype))

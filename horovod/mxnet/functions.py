@@ -24,15 +24,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     All ranks of the process set must call it, in the same order.  Without a ``name`` the call is matched by
     issue order (not by the type of ``obj``, which usually differs between the root and the others).
     """
-    if name is None:
-        name = collectives.tensor_name("object", None)
     return _broadcast_object(obj, root_rank, name, _set_id(process_set))
 
 
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> list:
     """Return every rank's ``obj`` as a list in rank order (all ranks of the set must call it, in the same order)."""
-    if name is None:
-        name = collectives.tensor_name("object", None)
     return _allgather_object(obj, name, _set_id(process_set))
 
 

@@ -88,7 +88,7 @@ def allreduce_gradients(grads: Sequence[Sequence[mx.nd.NDArray]], names: Sequenc
             for dtype, idx in by_dtype.items():
                 hosts = [wire[i][2] for i in idx]
                 base = f"{names[idx[0]]}:{names[idx[-1]]}.{dtype}"
-                member_names, _ = collectives.group_names("grouped_allreduce", base, len(hosts))
+                member_names, _ = collectives.group_names("grouped_allreduce", base, len(hosts), set_id)
                 handles.append(collectives.allreduce_async(hosts, member_names, op=Sum, prescale=prescale,
                                                            process_set=set_id, outputs=hosts, grouped=True))
     for handle in handles:

@@ -37,6 +37,14 @@ def synchronize(handle: int):
     return _handles.synchronize(handle)
 
 
+def _name(prefix: str, name: Optional[str], process_set: ProcessSet) -> str:
+    return collectives.tensor_name(prefix, name, _set_id(process_set))
+
+
+def _group(prefix: str, name: Optional[str], count: int, process_set: ProcessSet):
+    return collectives.group_names(prefix, name, count, _set_id(process_set))
+
+
 def _arr(x) -> np.ndarray:
     return np.ascontiguousarray(x)
 
@@ -48,7 +56,7 @@ def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None, p
     op = handle_average_backwards_compatibility(op, average)
     t = _arr(tensor)
     return _handles.add(collectives.allreduce_async(
-        [t], [collectives.tensor_name("allreduce", name)], op=op, prescale=prescale_factor,
+        [t], [_name("allreduce", name, process_set)], op=op, prescale=prescale_factor,
         postscale=postscale_factor, process_set=_set_id(process_set), outputs=[np.empty_like(t)]))
 
 
@@ -64,7 +72,7 @@ def allreduce_async_(tensor: np.ndarray, average=None, name=None, op=None, presc
     op = handle_average_backwards_compatibility(op, average)
     _require_inplace(tensor)
     return _handles.add(collectives.allreduce_async(
-        [tensor], [collectives.tensor_name("allreduce", name)], op=op, prescale=prescale_factor,
+        [tensor], [_name("allreduce", name, process_set)], op=op, prescale=prescale_factor,
         postscale=postscale_factor, process_set=_set_id(process_set), outputs=[tensor]))
 
 
@@ -83,7 +91,7 @@ def grouped_allreduce_async(tensors: Sequence, average=None, name=None, op=None,
     """Reduce a list of arrays as one atomic group; the result is a list of new arrays."""
     op = handle_average_backwards_compatibility(op, average)
     arrays = [_arr(t) for t in tensors]
-    names, _ = collectives.group_names("grouped_allreduce", name, len(arrays))
+    names, _ = _group("grouped_allreduce", name, len(arrays), process_set)
     return _handles.add(collectives.allreduce_async(
         arrays, names, op=op, prescale=prescale_factor, postscale=postscale_factor,
         process_set=_set_id(process_set), outputs=[np.empty_like(a) for a in arrays], grouped=True))
@@ -100,7 +108,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     op = handle_average_backwards_compatibility(op, average)
     for t in tensors:
         _require_inplace(t)
-    names, _ = collectives.group_names("grouped_allreduce", name, len(tensors))
+    names, _ = _group("grouped_allreduce", name, len(tensors), process_set)
     return _handles.add(collectives.allreduce_async(
         list(tensors), names, op=op, prescale=prescale_factor, postscale=postscale_factor,
         process_set=_set_id(process_set), outputs=list(tensors), grouped=True))
@@ -115,7 +123,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 # -- allgather ------------------------------------------------------------------------------------------
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along dimension 0."""
-    return _handles.add(collectives.allgather_async([_arr(tensor)], [collectives.tensor_name("allgather", name)],
+    return _handles.add(collectives.allgather_async([_arr(tensor)], [_name("allgather", name, process_set)],
                                                     process_set=_set_id(process_set)))
 
 
@@ -125,7 +133,7 @@ def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     arrays = [_arr(t) for t in tensors]
-    names, _ = collectives.group_names("grouped_allgather", name, len(arrays))
+    names, _ = _group("grouped_allgather", name, len(arrays), process_set)
     return _handles.add(collectives.allgather_async(arrays, names, process_set=_set_id(process_set), grouped=True))
 
 
@@ -137,7 +145,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set) -> Lis
 def broadcast_async(tensor, root_rank: int, name=None, process_set=global_process_set) -> int:
     """Start copying ``root_rank``'s ``tensor`` to every rank (a new array is returned)."""
     t = _arr(tensor)
-    return _handles.add(collectives.broadcast_async([t], [collectives.tensor_name("broadcast", name)], root_rank,
+    return _handles.add(collectives.broadcast_async([t], [_name("broadcast", name, process_set)], root_rank,
                                                     process_set=_set_id(process_set), outputs=[t.copy()]))
 
 
@@ -147,7 +155,7 @@ def broadcast(tensor, root_rank: int, name=None, process_set=global_process_set)
 
 def broadcast_async_(tensor, root_rank: int, name=None, process_set=global_process_set) -> int:
     _require_inplace(tensor)
-    return _handles.add(collectives.broadcast_async([tensor], [collectives.tensor_name("broadcast", name)],
+    return _handles.add(collectives.broadcast_async([tensor], [_name("broadcast", name, process_set)],
                                                     root_rank, process_set=_set_id(process_set), outputs=[tensor]))
 
 
@@ -158,7 +166,7 @@ def broadcast_(tensor, root_rank: int, name=None, process_set=global_process_set
 # -- alltoall / reducescatter ---------------------------------------------------------------------------
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
     """Start scattering rows of ``tensor`` to every rank (by ``splits``) and gathering theirs."""
-    return _handles.add(collectives.alltoall_async(_arr(tensor), collectives.tensor_name("alltoall", name), splits,
+    return _handles.add(collectives.alltoall_async(_arr(tensor), _name("alltoall", name, process_set), splits,
                                                    process_set=_set_id(process_set)))
 
 
@@ -172,7 +180,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         postscale_factor=1.0) -> int:
     """Start reducing ``tensor`` and scattering row blocks (rank r gets block r)."""
     return _handles.add(collectives.reducescatter_async(
-        [_arr(tensor)], [collectives.tensor_name("reducescatter", name)], op=op, prescale=prescale_factor,
+        [_arr(tensor)], [_name("reducescatter", name, process_set)], op=op, prescale=prescale_factor,
         postscale=postscale_factor, process_set=_set_id(process_set)))
 
 
@@ -184,7 +192,7 @@ def reducescatter(tensor, name=None, op=Average, process_set=global_process_set,
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     arrays = [_arr(t) for t in tensors]
-    names, _ = collectives.group_names("grouped_reducescatter", name, len(arrays))
+    names, _ = _group("grouped_reducescatter", name, len(arrays), process_set)
     return _handles.add(collectives.reducescatter_async(
         arrays, names, op=op, prescale=prescale_factor, postscale=postscale_factor,
         process_set=_set_id(process_set), grouped=True))

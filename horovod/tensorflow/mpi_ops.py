@@ -66,10 +66,10 @@ def _is_differentiable(dtype: tf.DType) -> bool:
 
 
 # -- kernels (run when the op executes) ---------------------------------------------------------------------
-def _names(prefix: str, base: Optional[str], count: int, grouped: bool) -> List[str]:
+def _names(prefix: str, base: Optional[str], count: int, grouped: bool, set_id: int = 0) -> List[str]:
     if grouped:
-        return collectives.group_names(f"grouped_{prefix}", base, count)[0]
-    return [collectives.tensor_name(prefix, base)]
+        return collectives.group_names(f"grouped_{prefix}", base, count, set_id)[0]
+    return [collectives.tensor_name(prefix, base, set_id)]
 
 
 def _allreduce_kernel(base, op, prescale, postscale, set_id, count, grouped):
@@ -77,7 +77,7 @@ def _allreduce_kernel(base, op, prescale, postscale, set_id, count, grouped):
         views = [bridge.engine_view(a) for a in arrays]
         tensors = [v for v, _ in views]
         handle = collectives.allreduce_async(
-            tensors, _names("allreduce", base, count, grouped), op=op, prescale=prescale, postscale=postscale,
+            tensors, _names("allreduce", base, count, grouped, set_id), op=op, prescale=prescale, postscale=postscale,
             process_set=set_id, outputs=[np.empty_like(t) for t in tensors], dtypes=[d for _, d in views],
             grouped=grouped)
         results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
@@ -92,7 +92,8 @@ def _allgather_kernel(base, set_id, count, grouped):
             if a.ndim == 0:
                 raise ValueError("allgather needs a tensor with at least one dimension; got a scalar.")
         views = [bridge.movable_view(a) for a in arrays]
-        handle = collectives.allgather_async([v for v, _, _ in views], _names("allgather", base, count, grouped),
+        names = _names("allgather", base, count, grouped, set_id)
+        handle = collectives.allgather_async([v for v, _, _ in views], names,
                                              process_set=set_id, dtypes=[d for _, d, _ in views], grouped=grouped)
         results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
         return [restore(r) for (_, _, restore), r in zip(views, results)]
@@ -104,7 +105,7 @@ def _broadcast_kernel(base, root_rank, set_id, count, grouped):
     def kernel(*arrays):
         views = [bridge.movable_view(a) for a in arrays]
         tensors = [v for v, _, _ in views]
-        handle = collectives.broadcast_async(tensors, _names("broadcast", base, count, grouped), root_rank,
+        handle = collectives.broadcast_async(tensors, _names("broadcast", base, count, grouped, set_id), root_rank,
                                              process_set=set_id, outputs=[t.copy() for t in tensors],
                                              dtypes=[d for _, d, _ in views], grouped=grouped)
         results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
@@ -117,7 +118,7 @@ def _reducescatter_kernel(base, op, prescale, postscale, set_id, count, grouped)
     def kernel(*arrays):
         views = [bridge.engine_view(a) for a in arrays]
         handle = collectives.reducescatter_async(
-            [v for v, _ in views], _names("reducescatter", base, count, grouped), op=op, prescale=prescale,
+            [v for v, _ in views], _names("reducescatter", base, count, grouped, set_id), op=op, prescale=prescale,
             postscale=postscale, process_set=set_id, dtypes=[d for _, d in views], grouped=grouped)
         results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
         return [bridge.from_engine(r, a.dtype) for r, a in zip(results, arrays)]
@@ -128,7 +129,7 @@ def _reducescatter_kernel(base, op, prescale, postscale, set_id, count, grouped)
 def _alltoall_kernel(base, set_id, with_splits):
     def kernel(array, splits):
         view, dtype, restore = bridge.movable_view(array)
-        handle = collectives.alltoall_async(view, collectives.tensor_name("alltoall", base),
+        handle = collectives.alltoall_async(view, collectives.tensor_name("alltoall", base, set_id),
                                             splits.reshape(-1).tolist() if with_splits else None,
                                             process_set=set_id, dtype=dtype)
         output, received = bridge.wait(handle)
