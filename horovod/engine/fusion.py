@@ -27,9 +27,9 @@ def response_bytes(resp: Response) -> int:
     return sum(prod(s) for s in resp.shapes) * itemsize
 
 
-def _key(resp: Response):
-    return (resp.kind, resp.process_set, resp.dtype, resp.op, resp.root, resp.prescale, resp.postscale,
-            resp.joined)
+def _key(resp: Response, separate_groups: bool):
+    key = (resp.kind, resp.process_set, resp.dtype, resp.op, resp.root, resp.prescale, resp.postscale, resp.joined)
+    return key + (resp.group,) if separate_groups else key
 
 
 def _fusible(resp: Response) -> bool:
@@ -37,12 +37,13 @@ def _fusible(resp: Response) -> bool:
     return resp.kind in FUSIBLE and resp.payload is None
 
 
-def plan(ready: Sequence[Response], threshold: int) -> List[Response]:
+def plan(ready: Sequence[Response], threshold: int, separate_groups: bool = False) -> List[Response]:
     """Merge fusible neighbours of ``ready`` into fused responses of at most ``threshold`` bytes.
 
     Args:
         ready: responses in execution order.
         threshold: fusion buffer size in bytes; 0 disables fusion.
+        separate_groups: fuse only tensors of the same explicit group (``HOROVOD_DISABLE_GROUP_FUSION=1``).
 
     Returns:
         The responses to execute, in order.  A single response larger than the threshold stays alone.
@@ -53,7 +54,7 @@ def plan(ready: Sequence[Response], threshold: int) -> List[Response]:
     for resp in ready:
         fusible = _fusible(resp)
         size = response_bytes(resp) if fusible else 0
-        if (threshold > 0 and current is not None and fusible and _key(resp) == _key(current)
+        if (threshold > 0 and current is not None and fusible and _key(resp, separate_groups) == _key(current, separate_groups)
                 and current_bytes + size <= threshold):
             current.names.extend(resp.names)
             current.shapes.extend(resp.shapes)
@@ -64,7 +65,8 @@ def plan(ready: Sequence[Response], threshold: int) -> List[Response]:
         if fusible and threshold > 0 and size <= threshold:
             current = Response(resp.kind, list(resp.names), resp.process_set, resp.dtype, resp.op, resp.root,
                                resp.prescale, resp.postscale, list(resp.shapes), list(resp.first_dims),
-                               list(resp.splits), resp.error, resp.joined, resp.last_joined, resp.payload)
+                               list(resp.splits), resp.error, resp.joined, resp.last_joined, resp.payload,
+                               resp.group)
             current_bytes = size
             out.append(current)
         else:

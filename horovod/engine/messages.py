@@ -58,7 +58,8 @@ class Response:
         error: the message every rank raises (kind ERROR).
         joined: ranks of the set that had joined when this was planned (they contribute zeros).
         last_joined: the rank that joined last (JOIN responses).
-        payload: extra data (id of a new process set).
+        payload: extra data (id of a new process set), or the reduced bytes of an inline allreduce.
+        group: key of the explicit group the tensors belong to (``HOROVOD_DISABLE_GROUP_FUSION``).
     """
 
     kind: int
@@ -76,6 +77,7 @@ class Response:
     joined: Tuple[int, ...] = ()
     last_joined: int = -1
     payload: object = None
+    group: Optional[str] = None
 
 
 ERROR = 8

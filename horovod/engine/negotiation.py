@@ -118,7 +118,7 @@ def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ())
     return None
 
 
-def reduce_inline(requests: Sequence[Request], set_size: int) -> bytes:
+def reduce_inline(requests: Sequence[Request], set_size: int, joined: bool = False) -> bytes:
     """Reduce tiny allreduce payloads on the coordinator, with the same arithmetic as the transport path.
 
     Ranks that joined sent nothing and contribute zeros, which leave a sum unchanged; Average still divides by
@@ -142,6 +142,9 @@ def reduce_inline(requests: Sequence[Request], set_size: int) -> bytes:
             total = value
         else:
             reduce_into(total, value, ops.TRANSPORT_OP[first.op])
+    if joined:
+        # Joined ranks contribute zeros, exactly as the executor stages them on the transport path.
+        reduce_into(total, np.zeros_like(total), ops.TRANSPORT_OP[first.op])
     post = first.postscale / set_size if first.op == ops.Average else first.postscale
     ops.scale_inplace(total, post)
     if first.dtype == ops.BFLOAT16:
@@ -162,6 +165,9 @@ class Coordinator:
         self.sets: Dict[int, ProcessSetState] = {0: ProcessSetState(0, tuple(range(world_size)))}
         self._ready: List[Response] = []
         self._next_set_id = 1
+        # name -> (error, ranks still expected to submit it): a name used on two process sets at once can never
+        # become ready; every rank that submits it gets the error instead of waiting forever.
+        self._conflicts: Dict[str, Tuple[str, Set[int]]] = {}
 
     # -- process sets ---------------------------------------------------------------------------------
     def register_set(self, set_id: int, ranks: Sequence[int]) -> None:
@@ -187,6 +193,9 @@ class Coordinator:
                 pset.joined.clear()
                 pset.last_joined = -1
             return
+        if req.name in self._conflicts or self._conflicting_set(req) is not None:
+            self._reject_conflict(req)
+            return
         entry = pset.pending.get(req.name)
         if entry is None:
             entry = pset.pending[req.name] = _Pending(first_seen=now)
@@ -197,6 +206,30 @@ class Coordinator:
             return
         entry.requests[req.rank] = req
         self._check(pset, req.name)
+
+    def _conflicting_set(self, req: Request) -> Optional[ProcessSetState]:
+        for other in self.sets.values():
+            if other.id != req.process_set and req.name in other.pending:
+                return other
+        return None
+
+    def _reject_conflict(self, req: Request) -> None:
+        """Fail ``req.name`` on every set it was submitted to, and remember to fail late submitters too."""
+        if req.name not in self._conflicts:
+            other = self._conflicting_set(req)
+            first = next(iter(other.pending[req.name].requests.values()))
+            error = _mismatch(req.name, f"Mismatched process sets: One rank used process set {first.process_set}, "
+                                        f"but another rank used process set {req.process_set}.", first, req)
+            expected = set(other.ranks) | set(self.sets[req.process_set].ranks)
+            for rank in other.pending.pop(req.name).requests:
+                expected.discard(rank)
+            self._conflicts[req.name] = (error, expected)
+            self._ready.append(Response(ERROR, [req.name], other.id, error=error))
+        error, expected = self._conflicts[req.name]
+        expected.discard(req.rank)
+        self._ready.append(Response(ERROR, [req.name], req.process_set, error=error))
+        if not expected:
+            del self._conflicts[req.name]
 
     def _recheck(self, pset: ProcessSetState) -> None:
         for name in list(pset.pending):
@@ -230,9 +263,9 @@ class Coordinator:
         first = requests[0]
         resp = Response(first.kind, [name], pset.id, dtype=first.dtype, op=first.op, root=first.root,
                         prescale=first.prescale, postscale=first.postscale, shapes=[tuple(first.shape)],
-                        joined=joined)
+                        joined=joined, group=first.group[0] if first.group else None)
         if first.kind == ops.ALLREDUCE and all(isinstance(r.payload, bytes) for r in requests):
-            resp.payload = reduce_inline(requests, len(pset.ranks))
+            resp.payload = reduce_inline(requests, len(pset.ranks), bool(joined))
         elif first.kind == ops.ALLGATHER:
             resp.first_dims = [[entry.requests[r].shape[0] for r in pset.ranks]]
         elif first.kind == ops.ALLTOALL:

@@ -21,6 +21,7 @@ from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.executor import Executor
 from horovod.engine.handles import Entry
+from horovod.engine.liveness import Liveness
 from horovod.engine.messages import ERROR, ControlMessage, Response
 from horovod.engine.negotiation import Coordinator
 from horovod.engine.timeline import Timeline
@@ -85,11 +86,13 @@ class Runtime:
         self._held: List[Response] = []
         self._held_since = 0.0
         self._last_stall_check = time.monotonic()
+        self.liveness = Liveness(control.peers, control.send_bytes, config.gloo_timeout_seconds)
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> "Runtime":
         self._thread.start()
+        self.liveness.start()
         return self
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -193,6 +196,7 @@ class Runtime:
                             pass
                     else:
                         readable.append(key.data)
+                        self.liveness.heard(key.data)
                 with self._lock:
                     requests = list(self._queue)
                     self._queue.clear()
@@ -205,6 +209,14 @@ class Runtime:
                         return
                 elif not self._follow(requests, readable):
                     return
+                silent = self.liveness.silent()
+                if silent:
+                    peer, quiet = silent[0]
+                    self._die(PeerFailureError(
+                        f"rank {peer} has not been heard from for {quiet:.0f} s (its process is frozen, its host is "
+                        f"unreachable, or it is overloaded; HOROVOD_GLOO_TIMEOUT_SECONDS="
+                        f"{self.config.gloo_timeout_seconds}). {SHUTDOWN_MESSAGE}"), notify=True)
+                    return
         except (PeerError, TransportError, OSError) as exc:
             self._die(PeerFailureError(self._describe_failure(exc)), notify=True)
         except BaseException as exc:  # a bug must fail the handles loudly, not hang them
@@ -214,7 +226,7 @@ class Runtime:
             sel.close()
 
     def _select_timeout(self) -> Optional[float]:
-        timeouts = []
+        timeouts = [self.liveness.next_check_in()] if self.control.peers else []
         if self._held:
             timeouts.append(max(0.0, self._held_since + self.config.cycle_time_ms / 1000.0 - time.monotonic()))
         if self.coordinator is not None and not self.config.stall_check_disable:
@@ -261,7 +273,7 @@ class Runtime:
             self._held.extend(ready)
         # A positive cycle time holds ready tensors a little, so more of them can be fused together.
         if self._held and now - self._held_since >= self.config.cycle_time_ms / 1000.0:
-            planned = fusion.plan(self._held, self.config.fusion_threshold)
+            planned = fusion.plan(self._held, self.config.fusion_threshold, self.config.disable_group_fusion)
             self._held = []
             failed = self.control.broadcast(ControlMessage(responses=planned))
             if failed:
@@ -401,6 +413,7 @@ class Runtime:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        self.liveness.stop()
         self.timeline.close()
         self.control.close()
         for info in list(self.sets.values()):

@@ -46,7 +46,9 @@ def _group(prefix: str, name: Optional[str], count: int, process_set: ProcessSet
 
 
 def _arr(x) -> np.ndarray:
-    return np.ascontiguousarray(x)
+    # np.ascontiguousarray would turn a 0-d value into shape (1,); scalars must stay scalars.
+    a = np.asarray(x)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 # -- allreduce ------------------------------------------------------------------------------------------
