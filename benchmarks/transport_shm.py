@@ -38,7 +38,7 @@ def _run(t, op: str, nbytes: int, iters: int) -> float:
     n = max(1, nbytes // 4)
     size = t.size
     if op == "allreduce":
-        buf = np.ones(n, np.float32)
+        buf = np.zeros(n, np.float32)  # repeated sums of anything else end in inf
         call = lambda: t.allreduce(buf)  # noqa: E731
     elif op == "broadcast":
         buf = np.ones(n, np.float32)

@@ -66,7 +66,7 @@ DEFAULT_CHUNK_BYTES = 1 * MIB  # allreduce pipeline chunk
 # An allreduce of n bytes is one step (every rank reduces all n * size bytes) while n * size <= this: measured
 # crossover with the two-step reduce-scatter + allgather at 512 KiB (np = 2) and 256 KiB (np = 4).
 DEFAULT_SMALL_BYTES = 1 * MIB
-DEFAULT_SPIN_US = 20.0  # only when every rank of the group has a core of its own
+DEFAULT_SPIN_US = 20.0  # only when every rank on the host has a core of its own
 
 _PAGE = 4096
 _LINE = 64
@@ -457,7 +457,8 @@ class ShmTransport(Transport):
         self._sub_bytes = self._half_bytes // self.size // _LINE * _LINE
         self._chunk_bytes = min(node.chunk_bytes, self._half_bytes)
         self._small_bytes = node.small_bytes
-        spin = node.spin_us if node.spin_us is not None else (DEFAULT_SPIN_US if self.size <= node.cpus else 0.0)
+        # spinning pays only when no rank on this host (in any group) has to wait for a core
+        spin = node.spin_us if node.spin_us is not None else (DEFAULT_SPIN_US if node.size <= node.cpus else 0.0)
         self._spin_s = float(spin) * 1e-6
         self._spin_skip = self._spin_backoff = 0
         self._peers = [q for q in range(self.size) if q != self.rank]
