@@ -100,8 +100,13 @@ def _ok(got):
 
 
 def _data(seed, rank, n, dtype, op="sum"):
-    """Deterministic per-rank input: small values, near 1 for products (no overflow or rounding surprises)."""
-    return _cached_data(seed, rank, n, np.dtype(dtype), op == "product").copy()
+    """Deterministic per-rank input (read-only, cached): small values, near 1 for products (no overflow)."""
+    return _cached_data(seed, rank, n, np.dtype(dtype), op == "product")
+
+
+def _buf(seed, rank, n, dtype, op="sum"):
+    """A writable copy of :func:`_data`, for collectives that work in place."""
+    return _data(seed, rank, n, dtype, op).copy()
 
 
 @functools.lru_cache(maxsize=256)
@@ -116,7 +121,9 @@ def _cached_data(seed, rank, n, dtype, product):
         base = rng.integers(0, 3 if product else 60, k).astype(dtype)
     else:
         base = rng.integers(-3 if product else -1000, 4 if product else 1000, k).astype(dtype)
-    return np.resize(base, n)
+    out = np.resize(base, n)
+    out.setflags(write=False)
+    return out
 
 
 def _fold(arrays, op):
@@ -159,7 +166,7 @@ def _body_allreduce(rank, size, port, secret):
             for op in OPS:
                 for n in _sizes(opts, dtype):
                     seed = DTYPES.index(dtype) * 10 + OPS.index(op)
-                    buf = _data(seed, rank, n, dtype, op)
+                    buf = _buf(seed, rank, n, dtype, op)
                     t.allreduce(buf, op)
                     want = _fold([_data(seed, q, n, dtype, op) for q in range(size)], op)
                     chk.eq(buf, want, f"{label} allreduce {np.dtype(dtype)} {op} n={n}")
@@ -200,7 +207,7 @@ def _body_broadcast(rank, size, port, secret):
         for dtype in DTYPES:
             for n in _sizes(opts, dtype):
                 for root in range(size):
-                    buf = _data(7, rank, n, dtype)
+                    buf = _buf(7, rank, n, dtype)
                     t.broadcast(buf, root)
                     chk.eq(buf, _data(7, root, n, dtype), f"{label} broadcast {np.dtype(dtype)} n={n} root={root}")
         t.close()
@@ -285,13 +292,13 @@ def _check_group(t, members, tag, chk):
     r, s = t.rank, t.size
     assert (r, s) == (members.index(members[r]), len(members))
     for n in (1, 5000, 300000):
-        buf = _data(29, members[r], n, np.float32)
+        buf = _buf(29, members[r], n, np.float32)
         t.allreduce(buf)
         chk.eq(buf, _fold([_data(29, w, n, np.float32) for w in members], "sum"), f"{tag} allreduce n={n}")
         recv = np.zeros(n * s, np.int64)
         t.allgatherv(_data(31, members[r], n, np.int64), recv, [n] * s)
         chk.eq(recv, np.concatenate([_data(31, w, n, np.int64) for w in members]), f"{tag} allgatherv n={n}")
-        buf = _data(37, members[r], n, np.uint8)
+        buf = _buf(37, members[r], n, np.uint8)
         t.broadcast(buf, s - 1)
         chk.eq(buf, _data(37, members[-1], n, np.uint8), f"{tag} broadcast n={n}")
         recv = np.zeros(n * s, np.float64)
@@ -347,12 +354,12 @@ def _body_random_program(rank, size, port, secret, seed):
         dtype = DTYPES[rng.integers(0, len(DTYPES))]
         if what == 0:
             op = OPS[rng.integers(0, 4)]
-            buf = _data(i, rank, n, dtype, op)
+            buf = _buf(i, rank, n, dtype, op)
             t.allreduce(buf, op)
             chk.eq(buf, _fold([_data(i, q, n, dtype, op) for q in range(size)], op), f"#{i} allreduce")
         elif what == 1:
             root = int(rng.integers(0, size))
-            buf = _data(i, rank, n, dtype)
+            buf = _buf(i, rank, n, dtype)
             t.broadcast(buf, root)
             chk.eq(buf, _data(i, root, n, dtype), f"#{i} broadcast root {root}")
         elif what == 2:
