@@ -21,6 +21,7 @@ from horovod.runner import cli
 from horovod.runner.exec import LaunchNotAvailableError, WorkerExit
 from horovod.runner.job import JobSettings, run_gloo_job
 from horovod.runner.launch import _configure_logging, _not_available, job_settings, launch_mode
+from horovod.runner.mpi_job import run_mpi_job
 from horovod.runner.rendezvous import MemoryStore, RendezvousServer
 from horovod.runner.run_task import ERROR_SCOPE, FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE
 
@@ -91,7 +92,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
         start_timeout: seconds a worker waits for the function to reach it (default HOROVOD_START_TIMEOUT / 30).
         output_filename: also write each rank's output under this directory.
         verbose: log what the launcher does.
-        use_gloo, use_mpi: the controller (not both); only the built-in one is available so far.
+        use_gloo, use_mpi: the controller (not both); ``use_mpi`` runs the workers under ``mpirun``.
         network_interfaces: interfaces to use, a list or a comma-separated string.
         executable: the Python interpreter of the workers (default: this one).
         min_num_proc, max_num_proc, slots, reset_limit, cooldown_range, host_discovery_script: elastic mode,
@@ -104,7 +105,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
 
     Raises:
         ValueError: ``hosts`` and ``hostfile`` together, ``use_gloo`` and ``use_mpi`` together, or bad values.
-        NotImplementedError: elastic mode, MPI, or hosts other than this machine (not available yet).
+        NotImplementedError: a launch mode that is not available (no mpirun for ``use_mpi``).
         RuntimeError: a worker failed; the message names it and carries its traceback.
     """
     if np is not None:
@@ -145,7 +146,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
     if verbose:
         _configure_logging(True)
     mode = launch_mode(hargs)
-    if mode not in ("gloo", "elastic"):
+    if mode not in ("gloo", "mpi", "elastic"):
         _not_available(mode, hargs)
 
     parent_env = dict(os.environ)
@@ -169,7 +170,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
     settings: JobSettings = job_settings(hargs, command, parent_env)
     settings.stdin_to_rank0 = False   # the caller's standard input stays the caller's
     settings.extra_env["PYTHONPATH"] = pythonpath
-    store = run_gloo_job(settings, parent_env, setup=publish, failure_details=_failure_details)
+    run_job = run_mpi_job if mode == "mpi" else run_gloo_job
+    store = run_job(settings, parent_env, setup=publish, failure_details=_failure_details)
 
     results = store.scope(RESULT_SCOPE)
     out = []

@@ -151,12 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                         help="Show which frameworks, controllers and tensor operations are available, and exit.")
     parser.add_argument("--disable-cache", dest="disable_cache", action="store_true",
-                        help="Do not cache host checks (ssh, NICs) between runs.")
+                        help="Check remote hosts (ssh, reachable address) on every run instead of trusting a "
+                             "success from the last 60 minutes (cached in ~/.horovod).")
     parser.add_argument("--start-timeout", dest="start_timeout", type=int,
                         help="Seconds to wait for all processes to start and reach the rendezvous "
                              "(default: HOROVOD_START_TIMEOUT or 30).")
     parser.add_argument("--network-interfaces", "--network-interface", dest="nics", action=_NicsAction,
-                        help="Comma-separated network interfaces the job uses, e.g. 'eth0,eth1'.")
+                        help="Comma-separated network interfaces the job uses, e.g. 'eth0,eth1' (default: an "
+                             "address of this machine every host can reach, found automatically).")
     parser.add_argument("--output-filename", dest="output_filename",
                         help="Directory where each rank's output goes: <dir>/rank.<rank>/stdout and stderr.")
     parser.add_argument("--verbose", dest="verbose", action="store_true", help="Log what the launcher does.")
@@ -211,9 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     controller = parser.add_argument_group("controller arguments").add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="use_gloo", action=_Tracked, const=True, default=None,
-                            help="Run with the built-in Gloo-style controller (the default).")
+                            help="Run with the built-in Gloo-style controller (the default unless the job spans "
+                                 "several hosts and mpirun + mpi4py are installed).")
     controller.add_argument("--mpi", dest="use_mpi", action=_Tracked, const=True, default=None,
-                            help="Launch with mpirun (not yet supported by this launcher).")
+                            help="Launch with mpirun (the default for jobs on several hosts when mpirun and mpi4py "
+                                 "are installed).")
     controller.add_argument("--jsrun", dest="use_jsrun", action=_Tracked, const=True, default=None,
                             help="Launch with jsrun (not yet supported by this launcher).")
 

@@ -5,12 +5,15 @@ Shared by ``horovodrun`` (:mod:`horovod.runner.launch`) and the Python API (:mod
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from horovod.engine import config
+from horovod.runner import ssh
+from horovod.runner.check_cache import CheckCache
 from horovod.runner.exec import DEFAULT_GRACE_SECONDS, WorkerExit, WorkerSpec, run_workers
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.output import OutputSink
@@ -40,6 +43,9 @@ class JobSettings:
         stdin_to_rank0: rank 0 inherits the launcher's standard input (the others get none).
         grace_seconds: SIGTERM → SIGKILL delay when stopping workers.
         extra_env: more variables for every worker.
+        ssh_port, ssh_identity_file: how to reach remote hosts (``-p``, ``-i``).
+        disable_cache: check remote hosts every time instead of trusting an hour-old success.
+        mpi_args, binding_args, tcp: ``--mpi-args``, ``--binding-args``, ``--tcp`` (mpirun jobs only).
     """
 
     num_proc: int
@@ -53,6 +59,34 @@ class JobSettings:
     stdin_to_rank0: bool = True
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     extra_env: Dict[str, str] = field(default_factory=dict)
+    ssh_port: Optional[int] = None
+    ssh_identity_file: Optional[str] = None
+    disable_cache: bool = False
+    mpi_args: Optional[str] = None
+    binding_args: Optional[str] = None
+    tcp: bool = False
+
+
+def remote_plan(settings: JobSettings, hostnames: Sequence[str],
+                need_address: bool = True) -> Optional[ssh.RemotePlan]:
+    """Check the job's remote hosts over ssh (None when every host is this machine).
+
+    Raises:
+        ssh.HostCheckError: a host cannot be used; nothing has been started.
+    """
+    remote = [h for h in dict.fromkeys(hostnames) if ssh.is_remote(h)]
+    if not remote:
+        return None
+    return ssh.prepare_remote_hosts(remote, ssh.SshSettings.create(settings.ssh_port, settings.ssh_identity_file),
+                                    max(1, settings.start_timeout), settings.nics,
+                                    CheckCache(enabled=not settings.disable_cache), need_address)
+
+
+def _ssh_hint(first: WorkerExit) -> str:
+    if first.returncode == ssh.SSH_FAILED and ssh.is_remote(first.hostname):
+        return (f"ssh to {first.hostname} exited with status {ssh.SSH_FAILED}: the connection failed or was lost "
+                f"(host down, sshd stopped, network failure), or the remote process was killed by a signal.")
+    return ""
 
 
 def job_env(parent_env: Mapping[str, str], settings: JobSettings, addr: str, port: int, secret: bytes) -> Dict[str, str]:
@@ -103,8 +137,11 @@ def run_gloo_job(settings: JobSettings, parent_env: Mapping[str, str],
         WorkerStartError, LaunchNotAvailableError, ValueError: the job could not start.
     """
     slots = get_host_assignments(settings.hosts, settings.num_proc)
+    plan = remote_plan(settings, [slot.hostname for slot in slots])
+    # One host: loopback only.  Several: the address every host reached in the check (never 0.0.0.0).
+    bind_host = plan.address.addr if plan is not None and plan.address is not None else LOCAL_RENDEZVOUS_HOST
     secret = secrets.token_bytes(32)   # per job; travels only in the workers' environment, never logged
-    with RendezvousServer(secret, host=LOCAL_RENDEZVOUS_HOST) as server:
+    with RendezvousServer(secret, host=bind_host) as server:
         logger.info("rendezvous store at %s:%s; %d processes on %s", server.host, server.port, len(slots),
                     ",".join(f"{h.hostname}:{h.slots}" for h in settings.hosts))
         if setup is not None:
@@ -112,10 +149,15 @@ def run_gloo_job(settings: JobSettings, parent_env: Mapping[str, str],
         command = settings.command(server.host, server.port) if callable(settings.command) else settings.command
         env = job_env(parent_env, settings, server.host, server.port, secret)
         specs = worker_specs(slots, command, env, settings.stdin_to_rank0)
+        if plan is not None:
+            for spec in specs:
+                if ssh.is_remote(spec.hostname):
+                    spec.extra["ssh"] = plan.ssh
+                    spec.cwd = os.getcwd()
         sink = OutputSink(len(slots), prefix_timestamp=settings.prefix_timestamp, output_dir=settings.output_dir)
-        details = None
-        if failure_details is not None:
-            def details(first: WorkerExit) -> str:
-                return failure_details(first, server.store)
+
+        def details(first: WorkerExit) -> str:
+            parts = [_ssh_hint(first), failure_details(first, server.store) if failure_details else ""]
+            return "\n".join(p for p in parts if p)
         run_workers(specs, sink, settings.grace_seconds, failure_details=details)
         return server.store

@@ -1,9 +1,12 @@
 """``horovodrun``: parse the command line, then run the job with the launcher the flags ask for.
 
-Launch modes are chosen by :func:`launch_mode` and dispatched through :data:`JOB_RUNNERS`; today only
-``gloo`` (the built-in controller on this machine) is there.  ``mpi``, ``jsrun`` and ``elastic`` report that
-they are not available yet; whoever adds one registers a function ``(args, parent_env) -> None`` in
-:data:`JOB_RUNNERS`.  Remote hosts need an ssh starter (see :mod:`horovod.runner.exec`).
+Launch modes are chosen by :func:`launch_mode` and dispatched through :data:`JOB_RUNNERS`; ``gloo`` is the
+built-in controller (remote hosts are reached over ssh, see :mod:`horovod.runner.ssh`) and ``mpi`` runs the job
+under ``mpirun`` (:mod:`horovod.runner.mpi_job`).  A mode without a runner reports that it is not available yet;
+whoever adds one registers a function ``(args, parent_env) -> None`` in :data:`JOB_RUNNERS`.
+
+Without ``--gloo`` or ``--mpi`` a job runs under mpirun when mpirun and mpi4py are installed and the job spans
+several hosts, and with the built-in launcher otherwise.
 
 Deviation from the original: ``-np 2 -H localhost:4`` starts exactly 2 workers (the original's Gloo path
 started one per slot, 4).
@@ -23,6 +26,7 @@ from horovod.runner import cli, config_file
 from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerStartError
 from horovod.runner.hosts import HostInfo, parse_hostfile, parse_hosts
 from horovod.runner.job import JobSettings, run_gloo_job
+from horovod.runner.mpi_job import mpi_available, run_mpi_job, spans_several_hosts
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +106,26 @@ def resolve_hosts(args: Any) -> List[HostInfo]:
     return [HostInfo("localhost", args.num_proc)]
 
 
-def launch_mode(args: Any) -> str:
-    """``elastic``, ``mpi``, ``jsrun`` or ``gloo`` (the default: the built-in controller is always there)."""
+def launch_mode(args: Any, mpi_installed: Optional[Callable[[], bool]] = None) -> str:
+    """``elastic``, ``mpi``, ``jsrun`` or ``gloo``.
+
+    Without ``--gloo``/``--mpi``/``--jsrun``: ``mpi`` when mpirun and mpi4py are installed and the job spans
+    several hosts, ``gloo`` (the built-in controller, always there) otherwise.
+    """
     if cli.elastic_requested(args):
         return "elastic"
     if getattr(args, "use_mpi", None):
         return "mpi"
     if getattr(args, "use_jsrun", None):
         return "jsrun"
+    if getattr(args, "use_gloo", None):
+        return "gloo"
+    try:
+        several = spans_several_hosts(resolve_hosts(args), getattr(args, "num_proc", None))
+    except ValueError:
+        several = False   # a bad host list is reported by the job itself
+    if several and (mpi_installed or mpi_available)():
+        return "mpi"
     return "gloo"
 
 
@@ -145,6 +161,12 @@ def job_settings(args: Any, command: Any, parent_env: Mapping[str, str]) -> JobS
         output_dir=getattr(args, "output_filename", None),
         prefix_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)),
         start_timeout=timeout,
+        ssh_port=getattr(args, "ssh_port", None),
+        ssh_identity_file=getattr(args, "ssh_identity_file", None),
+        disable_cache=bool(getattr(args, "disable_cache", False)),
+        mpi_args=getattr(args, "mpi_args", None),
+        binding_args=getattr(args, "binding_args", None),
+        tcp=bool(getattr(args, "tcp_flag", False)),
     )
 
 
@@ -160,8 +182,14 @@ def run_elastic(args: Any, parent_env: Mapping[str, str]) -> None:
     _run_elastic(args, parent_env)
 
 
+def run_mpi(args: Any, parent_env: Mapping[str, str]) -> None:
+    """Run ``args.command`` as a static job under ``mpirun``."""
+    run_mpi_job(job_settings(args, list(args.command), parent_env), parent_env)
+
+
 #: Launch mode → function running the job; see the module docstring.
-JOB_RUNNERS: Dict[str, Callable[[Any, Mapping[str, str]], None]] = {"gloo": run_gloo, "elastic": run_elastic}
+JOB_RUNNERS: Dict[str, Callable[[Any, Mapping[str, str]], None]] = {"gloo": run_gloo, "mpi": run_mpi,
+                                                                    "elastic": run_elastic}
 
 
 class _Stopped(BaseException):

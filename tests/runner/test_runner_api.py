@@ -109,9 +109,7 @@ def test_value_errors(kwargs, fragment):
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    ({"use_mpi": True}, "launching with mpi"),
     ({"min_num_proc": 1}, "elastic mode"),
-    ({"hosts": "localhost:1,elsewhere.example:1", "num_proc": 2}, "not available yet"),
 ])
 def test_not_available_yet(kwargs, fragment):
     with pytest.raises(NotImplementedError, match=fragment):

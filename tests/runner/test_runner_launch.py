@@ -286,10 +286,8 @@ def test_version(hvdrun):
     (["true"], "-np/--num-proc is required"),
     (["-np", "0", "true"], "-np/--num-proc must be >= 1"),
     (["-np", "3", "-H", "localhost:2", "true"], "requested 3 processes but the hosts provide only 2 slots"),
-    (["-np", "2", "-H", "localhost:1,remote-host.example:1", "true"], "not available yet"),
     (["-np", "2", "--min-np", "1", "true"], "elastic mode (--min-np) is not yet supported"),
     (["-np", "2", "--host-discovery-script", "d.sh", "true"], "elastic mode (--host-discovery-script)"),
-    (["-np", "2", "--mpi", "true"], "launching with mpi (--mpi) is not yet supported"),
     (["-np", "2", "--hostfile", "/nonexistent/hosts", "true"], "cannot read --hostfile"),
 ])
 def test_usage_errors_exit_2(hvdrun, args, fragment):
