@@ -435,7 +435,12 @@ def stall_shutdown_worker(fifo_dir: str) -> dict:
     else:
         with open(os.path.join(fifo_dir, f"go{rank}"), "rb") as f:
             f.read()
-    out["after"] = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after_stall").tolist()
+    # The engine may keep running (only the stalled op failed) or shut down as the original does; either way
+    # the next collective must not hang.
+    try:
+        out["after"] = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after_stall").tolist()
+    except hvd.HorovodInternalError as exc:
+        out["after"] = f"HorovodInternalError: {exc}"
     hvd.shutdown()
     return out
 
@@ -448,7 +453,8 @@ def test_stall_shutdown_time_fails_the_stalled_op(tmp_path):
                   timeout=90)
     name, is_internal, text = results[0]["error"]
     assert is_internal and "never_completed" in text, (name, text)
-    assert all(r["after"] == [3.0, 3.0] for r in results)
+    afters = [r["after"] for r in results]
+    assert afters == [[3.0, 3.0]] * 3 or all(isinstance(a, str) for a in afters), afters
 
 
 # ------------------------------------------------------------------------------------------------ shutdown

@@ -6,7 +6,6 @@ MEMCPY_IN_FUSION_BUFFER activities, and HOROVOD_FUSION_THRESHOLD=0 makes them di
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter, defaultdict
 
 import pytest
@@ -172,3 +171,33 @@ def test_dynamic_timeline_records_only_between_start_and_stop(tmp_path):
     assert any(e.get("name") == "NEGOTIATE_ALLREDUCE" for e in events)
     second = _pid_names(_load(path + ".2"))
     assert set(second.values()) == {"allreduce.second_window"}, second
+
+
+def killed_writer_worker() -> int:
+    import os
+    import signal
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    hvd.init()
+    for i in range(200):
+        hvd.allreduce(np.ones(10), name=f"k{i}")
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # no shutdown, no flush, no closing bracket written at exit
+    try:
+        hvd.allreduce(np.ones(10), name="after_kill")
+    except hvd.HorovodInternalError:
+        pass
+    hvd.shutdown()
+    return 0
+
+
+def test_timeline_stays_valid_json_when_rank_0_is_killed(tmp_path):
+    path = str(tmp_path / "killed.json")
+    results = run(killed_writer_worker, 2, "tcp", env={"HOROVOD_TIMELINE": path}, timeout=60, expect_failure=True)
+    assert results[0][0] == "died" and results[1][0] == "ok", results
+    names = set(_pid_names(_load(path)).values())
+    assert "allreduce.k0" in names

@@ -1,6 +1,7 @@
-"""Known engine bugs, each pinned by a strict xfail: when a fix lands the test XPASSes, fails, and the marker goes.
+"""Regression tests for engine bugs this suite found, and strict xfails for the ones still open.
 
-Each reason names the defect precisely; the test body is the reproduction.
+Fixed bugs keep their reproduction here as ordinary tests (the docstring says what was wrong).  An open bug is a
+strict xfail whose reason names the defect; when a fix lands the test XPASSes, fails, and the marker goes.
 """
 from __future__ import annotations
 
@@ -47,23 +48,24 @@ def scalar_results():
     return run(scalar_worker, 2, "tcp", timeout=60)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "horovod/numpy/__init__.py::_arr uses np.ascontiguousarray, which turns 0-d inputs into shape (1,): "
-    "hvd.allreduce / allreduce_async / broadcast / grouped_allreduce of a scalar return shape (1,) instead of () "
-    "(horovod.torch returns a 0-d tensor); use np.asarray(...) + np.ascontiguousarray only when ndim > 0"))
 def test_numpy_binding_keeps_scalars_0d(scalar_results):
+    """Fixed in 0b47057. Was: horovod/numpy/__init__.py::_arr uses np.ascontiguousarray, which turns 0-d inputs
+    into shape (1,): hvd.allreduce / allreduce_async / broadcast / grouped_allreduce of a scalar return shape
+    (1,) instead of () (horovod.torch returns a 0-d tensor); use np.asarray(...) + np.ascontiguousarray only
+    when ndim > 0
+    """
     for out in scalar_results:
         wrong = {k: v for k, v in out["shapes"].items() if tuple(v) != ()}
         assert not wrong, f"0-d inputs came back with shapes {wrong}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "same root cause (_arr in horovod/numpy/__init__.py reshapes 0-d to (1,)): hvd.allgather and "
-    "hvd.reducescatter of a 0-d array silently run on a 1-element vector instead of raising ValueError "
-    "('scalars -> ValueError' for reducescatter, rank-zero allgather is an error in the contract); the engine-level "
-    "checks in horovod/engine/collectives.py never see ndim == 0 (alltoall of a 0-d array only fails by accident, "
-    "with the 'divisible' message, and succeeds at np=1)"))
 def test_numpy_binding_rejects_scalars_where_the_contract_does(scalar_results):
+    """Fixed in 0b47057. Was: same root cause (_arr in horovod/numpy/__init__.py reshapes 0-d to (1,)):
+    hvd.allgather and hvd.reducescatter of a 0-d array silently run on a 1-element vector instead of raising
+    ValueError ('scalars -> ValueError' for reducescatter, rank-zero allgather is an error in the contract); the
+    engine-level checks in horovod/engine/collectives.py never see ndim == 0 (alltoall of a 0-d array only fails
+    by accident, with the 'divisible' message, and succeeds at np=1)
+    """
     for out in scalar_results:
         not_raised = {k: v for k, v in out["raises"].items() if not v.startswith("ValueError")}
         assert not not_raised, not_raised
@@ -95,13 +97,13 @@ def process_set_mismatch_worker() -> dict:
     return {"outcome": outcome}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "process-set mismatch hangs instead of erroring: horovod/engine/negotiation.py Coordinator keeps pending "
-    "requests per process set (ProcessSetState.pending), so requests for one name on different sets never meet "
-    "and validate()'s 'Mismatched process sets' check is unreachable; every rank waits forever (until the stall "
-    "inspector, if enabled). Repro: np=3, init(process_sets=[ProcessSet([0, 1])]), rank 1 allreduces "
-    "'allreduce.ps_mismatch' on that set, ranks 0 and 2 on the global set"))
 def test_process_set_mismatch_is_an_error_on_every_rank_not_a_hang():
+    """Fixed in 0b47057. Was: process-set mismatch hangs instead of erroring: horovod/engine/negotiation.py
+    Coordinator keeps pending requests per process set (ProcessSetState.pending), so requests for one name on
+    different sets never meet and validate()'s 'Mismatched process sets' check is unreachable; every rank waits
+    forever (until the stall inspector, if enabled). Repro: np=3, init(process_sets=[ProcessSet([0, 1])]), rank
+    1 allreduces 'allreduce.ps_mismatch' on that set, ranks 0 and 2 on the global set
+    """
     results = run(process_set_mismatch_worker, 3, "tcp", timeout=90)
     outcomes = [out["outcome"] for out in results]
     assert all(kind == "HorovodInternalError" and "process set" in text.lower() for kind, text in outcomes), \
@@ -129,13 +131,13 @@ def join_inline_worker() -> dict:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "with a joined rank, tiny allreduces disagree with large ones for Min/Max/Product: "
-    "horovod/engine/negotiation.py reduce_inline() (tensors <= HOROVOD_INLINE_BYTES, default 4096) reduces only "
-    "the active ranks' payloads, while the transport path (executor) stages zeros for joined ranks as the "
-    "contract says ('joined ranks contribute zeros'); e.g. np=3, rank 0 joined, ranks 1,2 send 2.0 and 3.0: "
-    "Min of 4 floats = 2.0 but Min of 4096 floats = 0.0"))
 def test_joined_ranks_contribute_zeros_whatever_the_tensor_size():
+    """Fixed in 0b47057. Was: with a joined rank, tiny allreduces disagree with large ones for Min/Max/Product:
+    horovod/engine/negotiation.py reduce_inline() (tensors <= HOROVOD_INLINE_BYTES, default 4096) reduces only
+    the active ranks' payloads, while the transport path (executor) stages zeros for joined ranks as the
+    contract says ('joined ranks contribute zeros'); e.g. np=3, rank 0 joined, ranks 1,2 send 2.0 and 3.0: Min
+    of 4 floats = 2.0 but Min of 4096 floats = 0.0
+    """
     results = run(join_inline_worker, 3, "tcp", timeout=60)
     expected = {"Min": 0.0, "Max": 0.0, "Product": 0.0, "Sum": 5.0}
     for rank in (1, 2):
@@ -144,10 +146,11 @@ def test_joined_ranks_contribute_zeros_whatever_the_tensor_size():
         assert {op: got[f"{op}/4"] for op in expected} == {op: got[f"{op}/4096"] for op in expected} == expected, got
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "horovod/engine/negotiation.py reduce_inline() ignores joined ranks: Coordinator._respond passes only the "
-    "active ranks' requests, so Min/Product over the payloads excludes the zeros a joined rank contributes"))
 def test_reduce_inline_counts_joined_ranks_as_zeros():
+    """Fixed in 0b47057. Was: horovod/engine/negotiation.py reduce_inline() ignores joined ranks:
+    Coordinator._respond passes only the active ranks' requests, so Min/Product over the payloads excludes the
+    zeros a joined rank contributes
+    """
     c = negotiation.Coordinator(3)
     c.add(Request(rank=0, name="join.noname", kind=ops.JOIN))
     for r in (1, 2):
@@ -169,8 +172,8 @@ def group_fusion_worker() -> dict:
     seen = []
     original = fusion.plan
 
-    def recording_plan(ready, threshold):
-        planned = original(ready, threshold)
+    def recording_plan(ready, *args, **kwargs):
+        planned = original(ready, *args, **kwargs)
         seen.append(([list(r.names) for r in ready], [list(r.names) for r in planned]))
         return planned
 
@@ -186,11 +189,11 @@ def group_fusion_worker() -> dict:
     return {"plans": seen}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOROVOD_DISABLE_GROUP_FUSION=1 is declared in horovod/engine/config.py but never read: fusion.plan() gets no "
-    "group information (Response has no group field), so two explicit groups ready in the same cycle are fused "
-    "into one buffer; the contract says each group is then fused separately"))
 def test_disable_group_fusion_keeps_groups_apart():
+    """Fixed in 0b47057. Was: HOROVOD_DISABLE_GROUP_FUSION=1 is declared in horovod/engine/config.py but never
+    read: fusion.plan() gets no group information (Response has no group field), so two explicit groups ready in
+    the same cycle are fused into one buffer; the contract says each group is then fused separately
+    """
     results = run(group_fusion_worker, 2, "tcp", timeout=60,
                   env={"HOROVOD_DISABLE_GROUP_FUSION": "1", "HOROVOD_CYCLE_TIME": "300"})
     plans = results[0]["plans"]
@@ -239,16 +242,62 @@ def frozen_peer_worker(victim: int) -> dict:
     return {"outcome": outcome}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "no liveness check on the control plane: a rank that stops responding between collectives (SIGSTOP, frozen "
-    "host, network partition without RST) leaves every other rank blocked in synchronize() forever; "
-    "HOROVOD_GLOO_TIMEOUT_SECONDS only bounds data-plane waits (horovod/transport/*), while the coordinator waits "
-    "for requests and workers wait for responses (horovod/engine/runtime.py _run/select with no timeout, "
-    "Handle.wait() without timeout) with no heartbeat. The original's Gloo controller negotiates with Gloo "
-    "collectives, which time out. Same hang when rank 0 (the coordinator) is the frozen one"))
 def test_frozen_peer_becomes_an_error_not_a_hang():
+    """Fixed in 0b47057. Was: no liveness check on the control plane: a rank that stops responding between
+    collectives (SIGSTOP, frozen host, network partition without RST) leaves every other rank blocked in
+    synchronize() forever; HOROVOD_GLOO_TIMEOUT_SECONDS only bounds data-plane waits (horovod/transport/*),
+    while the coordinator waits for requests and workers wait for responses (horovod/engine/runtime.py
+    _run/select with no timeout, Handle.wait() without timeout) with no heartbeat. The original's Gloo
+    controller negotiates with Gloo collectives, which time out. Same hang when rank 0 (the coordinator) is the
+    frozen one
+    """
     results = run(frozen_peer_worker, 3, "tcp", args=(1,), env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "2"}, timeout=90,
                   expect_failure=True)
     outcomes = {rank: value["outcome"] for rank, (status, value) in enumerate(results) if status == "ok"}
     assert set(outcomes) == {0, 2}, results
     assert all(kind == "HorovodInternalError" for kind, _ in outcomes.values()), outcomes
+
+
+# ------------------------------------------------------------------------------------------------ open bugs
+def disjoint_sets_worker(named: bool) -> dict:
+    import os
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    evens, odds = hvd.ProcessSet([0, 2]), hvd.ProcessSet([1, 3])
+    hvd.init(process_sets=[evens, odds])
+    mine = evens if rank % 2 == 0 else odds
+    name = "grad" if named else None  # unnamed: both sets number their ops from 0, so names coincide too
+    # Ranks 0 and 1 submit first and ranks 2 and 3 only after the global "gate", so the name is pending on both
+    # sets at the same time -- as it is whenever two groups of a model-parallel job reduce concurrently.
+    try:
+        if rank < 2:
+            handle = hvd.allreduce_async(np.full(3, rank + 1.0), op=hvd.Sum, name=name, process_set=mine)
+            hvd.allreduce(np.ones(1), name="gate")
+        else:
+            hvd.allreduce(np.ones(1), name="gate")
+            handle = hvd.allreduce_async(np.full(3, rank + 1.0), op=hvd.Sum, name=name, process_set=mine)
+        outcome = ("ok", hvd.synchronize(handle).tolist())
+    except hvd.HorovodInternalError as exc:
+        outcome = ("HorovodInternalError", str(exc))
+    hvd.barrier()
+    hvd.shutdown()
+    return {"outcome": outcome}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "regression in 0b47057: Coordinator._conflicting_set (horovod/engine/negotiation.py) treats any name pending "
+    "on another process set as a 'Mismatched process sets' error, so disjoint sets that reduce the same name at the "
+    "same time (legal in Horovod: every set has its own queue) now fail on every rank; with unnamed ops it hits "
+    "every job that runs two sets concurrently, since each set numbers its 'allreduce.noname.<n>' from 0. "
+    "Repro: np=4, sets [0,2] and [1,3], each allreduces 'grad' (or unnamed) while the other's is pending. "
+    "A conflict is only certain when the submitting rank is itself a member of the other set"))
+@pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
+def test_disjoint_process_sets_may_use_the_same_name_concurrently(named):
+    results = run(disjoint_sets_worker, 4, "tcp", args=(named,), timeout=60)
+    sums = {0: 4.0, 2: 4.0, 1: 6.0, 3: 6.0}  # 1 + 3 on the evens, 2 + 4 on the odds
+    for rank, out in enumerate(results):
+        assert out["outcome"] == ("ok", [sums[rank]] * 3), (rank, out["outcome"])
