@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import logging
 import secrets
+import socket
 from typing import Optional, Sequence
 
 from horovod.engine import config as _config
@@ -127,7 +128,7 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
         secret = topo.secret
         bind_addr = sockets.local_address_for(topo.rendezvous_addr)
     elif mpi_comm is not None:
-        bind_addr = "127.0.0.1" if topo.local_size == size else sockets.local_address_for(topo.hostname)
+        bind_addr = _mpi_bind_address(mpi_comm, topo.local_size == size, topo.iface)
         rendezvous = _MpiRendezvous(mpi_comm, bind_addr)
         store, secret, rendezvous_server = rendezvous.client, rendezvous.secret, rendezvous.server
     else:
@@ -172,6 +173,28 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
     runtime.mpi_comm = mpi_comm
     runtime.store, runtime.epoch = store, epoch
     return runtime.start()
+
+
+def _mpi_bind_address(comm, one_host: bool, iface: str) -> str:
+    """The address this rank listens on under mpirun: loopback on one host, else one the other hosts can reach.
+
+    Ranks share their IPv4 addresses over MPI; each binds to the local address that routes to another host's
+    first address (``HOROVOD_GLOO_IFACE`` wins when this host has that interface).
+    """
+    if one_host:
+        return "127.0.0.1"
+    from horovod.runner.network import interface_addresses
+
+    mine = interface_addresses()
+    if iface and iface in mine:
+        return mine[iface]
+    everyone = comm.allgather(sorted(a for a in mine.values() if not a.startswith("127.")))
+    own = set(everyone[comm.Get_rank()])
+    for addrs in everyone:
+        foreign = [a for a in addrs if a not in own]
+        if foreign:
+            return sockets.local_address_for(foreign[0])
+    return sockets.local_address_for(socket.gethostname())
 
 
 _last_epoch = -1

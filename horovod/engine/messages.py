@@ -92,6 +92,7 @@ class ControlMessage:
         requests: new requests (worker → coordinator).
         responses: planned responses (coordinator → worker).
         shutdown: the sender is shutting down (or tells everyone to).
+        failure: the shutdown is caused by a failure (peer died, crash), not an orderly ``shutdown()``.
         reason: why, for the error every pending collective gets.
         params: tuned knob values the coordinator broadcasts (autotune).
     """
@@ -99,5 +100,6 @@ class ControlMessage:
     requests: List[Request] = field(default_factory=list)
     responses: List[Response] = field(default_factory=list)
     shutdown: bool = False
+    failure: bool = False
     reason: str = ""
     params: Optional[Dict[str, object]] = None

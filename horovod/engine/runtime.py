@@ -20,6 +20,7 @@ from horovod.engine import fusion, ops
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.executor import Executor
+from horovod.engine.autotune import Autotuner
 from horovod.engine.handles import Entry
 from horovod.engine.liveness import Liveness
 from horovod.engine.messages import ERROR, ControlMessage, Response
@@ -87,6 +88,8 @@ class Runtime:
         self._held_since = 0.0
         self._last_stall_check = time.monotonic()
         self.liveness = Liveness(control.peers, control.send_bytes, config.gloo_timeout_seconds)
+        self.autotuner = Autotuner(config, config.autotune_log) if config.autotune and rank == 0 else None
+        self._tuned: Optional[dict] = None   # knob values to announce with the next responses
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -259,7 +262,7 @@ class Runtime:
             for msg in messages:
                 if msg.shutdown:
                     reason = msg.reason or SHUTDOWN_MESSAGE
-                    self._die(ShutdownError(reason) if not msg.params else PeerFailureError(reason), notify=True)
+                    self._die(PeerFailureError(reason) if msg.failure else ShutdownError(reason), notify=True)
                     return False
                 for req in msg.requests:
                     self.timeline.negotiate(req, now)
@@ -275,13 +278,27 @@ class Runtime:
         if self._held and now - self._held_since >= self.config.cycle_time_ms / 1000.0:
             planned = fusion.plan(self._held, self.config.fusion_threshold, self.config.disable_group_fusion)
             self._held = []
-            failed = self.control.broadcast(ControlMessage(responses=planned))
+            params, self._tuned = self._tuned, None
+            failed = self.control.broadcast(ControlMessage(responses=planned, params=params))
             if failed:
                 self._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
                                            f"{SHUTDOWN_MESSAGE}"), notify=True)
                 return False
             self._execute_all(planned)
+            if self.autotuner is not None:
+                self._autotune(planned, now)
         return True
+
+    def _autotune(self, planned: List[Response], now: float) -> None:
+        nbytes = sum(fusion.response_bytes(r) for r in planned if r.kind in fusion.FUSIBLE)
+        if nbytes == 0:
+            return
+        changes = self.autotuner.record(nbytes, now)
+        if changes:
+            # The coordinator plans fusion and holds tensors, so the change takes effect here at once; the other
+            # ranks learn it with the next responses.
+            self.config = self.config.replace(**changes)
+            self._tuned = changes
 
     def _inspect_stalls(self, now: float) -> None:
         if self.config.stall_check_disable or now - self._last_stall_check < self._stall_period():
@@ -316,9 +333,11 @@ class Runtime:
                 return False
             for msg in messages:
                 if msg.shutdown:
-                    err = PeerFailureError if msg.params else ShutdownError
+                    err = PeerFailureError if msg.failure else ShutdownError
                     self._die(err(msg.reason or SHUTDOWN_MESSAGE), notify=False)
                     return False
+                if msg.params:
+                    self.config = self.config.replace(**msg.params)
                 self._execute_all(msg.responses)
         return True
 
@@ -388,7 +407,7 @@ class Runtime:
                 self._dead = error
         if notify:
             failure = isinstance(error, PeerFailureError)
-            message = ControlMessage(shutdown=True, reason=str(error), params={"failure": True} if failure else None)
+            message = ControlMessage(shutdown=True, failure=failure, reason=str(error))
             if self.coordinator is not None:
                 self.control.broadcast(message)
             elif 0 in self.control.peers:
@@ -414,6 +433,8 @@ class Runtime:
             return
         self._closed = True
         self.liveness.stop()
+        if self.autotuner is not None:
+            self.autotuner.close()
         self.timeline.close()
         self.control.close()
         for info in list(self.sets.values()):
