@@ -286,6 +286,9 @@ class Coordinator:
             resp.payload = (first.payload, removed is not None)
         return resp
 
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
     def take_ready(self) -> List[Response]:
         """Responses that became ready since the last call, in execution order."""
         ready, self._ready = self._ready, []

@@ -6,7 +6,6 @@ blocks in ``select`` on that socketpair and on the control connections; it never
 """
 from __future__ import annotations
 
-import collections
 import logging
 import selectors
 import socket
@@ -14,8 +13,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from horovod.common.exceptions import (HorovodInternalError, MismatchError, PeerFailureError, ShutdownError,
-                                       StallError)
+from horovod.common.exceptions import HorovodInternalError, MismatchError, PeerFailureError, ShutdownError
 from horovod.engine import fusion, ops
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
@@ -78,7 +76,7 @@ class Runtime:
         self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for)
         self.timeline = Timeline.create(config, rank)
         self._lock = threading.Lock()
-        self._queue: collections.deque = collections.deque()
+        self._coord_lock = threading.Lock()   # rank 0: the caller and the background thread share the coordinator
         self._inflight: Dict[Tuple[int, str], Entry] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -156,13 +154,9 @@ class Runtime:
                 keys.append(key)
             for key, entry in zip(keys, entries):
                 self._inflight[key] = entry
-            if self.coordinator is not None or self.size == 1:
-                self._queue.extend(e.request for e in entries)
-                direct = None
-            else:
-                direct = [e.request for e in entries]
-        if direct is None:
-            self._wake()
+            direct = [e.request for e in entries]
+        if self.coordinator is not None:
+            self._coordinate_from_caller(direct)
             return
         # Workers talk to the coordinator straight from the calling thread: no hand-off to the background
         # thread on the latency-critical path.  The background thread only executes what comes back.
@@ -173,6 +167,25 @@ class Runtime:
                 for entry in entries:
                     self._inflight.pop((entry.request.process_set, entry.request.name), None)
             raise PeerFailureError(f"cannot reach the coordinator (rank 0): {exc}. {SHUTDOWN_MESSAGE}") from exc
+
+    def _coordinate_from_caller(self, requests) -> None:
+        """Rank 0 records its own requests directly; the background thread is woken only when something is ready.
+
+        A job of one process has nobody to wait for: it plans and executes right here, without any thread hand-off.
+        """
+        now = time.monotonic()
+        with self._coord_lock:
+            for req in requests:
+                self.timeline.negotiate(req, now)
+                self.coordinator.add(req, now)
+            if self.size == 1:
+                ready = self.coordinator.take_ready()
+                self.timeline.negotiated(ready, now)
+                self._execute_all(fusion.plan(ready, self.config.fusion_threshold, self.config.disable_group_fusion))
+                return
+            ready = self.coordinator.has_ready()
+        if ready:
+            self._wake()
 
     def _wake(self) -> None:
         try:
@@ -201,16 +214,14 @@ class Runtime:
                         readable.append(key.data)
                         self.liveness.heard(key.data)
                 with self._lock:
-                    requests = list(self._queue)
-                    self._queue.clear()
                     stop = self._stop_requested
                 if stop:
                     self._leave(SHUTDOWN_MESSAGE)
                     return
                 if self.coordinator is not None:
-                    if not self._coordinate(requests, readable):
+                    if not self._coordinate(readable):
                         return
-                elif not self._follow(requests, readable):
+                elif not self._follow(readable):
                     return
                 silent = self.liveness.silent()
                 if silent:
@@ -245,12 +256,9 @@ class Runtime:
                 f"Check the other ranks' output for the original error; in elastic mode the job will reset.")
 
     # coordinator side
-    def _coordinate(self, requests, readable) -> bool:
+    def _coordinate(self, readable) -> bool:
         coord = self.coordinator
         now = time.monotonic()
-        for req in requests:
-            self.timeline.negotiate(req, now)
-            coord.add(req, now)
         for peer in readable:
             try:
                 messages = self.control.receive(peer)
@@ -264,11 +272,13 @@ class Runtime:
                     reason = msg.reason or SHUTDOWN_MESSAGE
                     self._die(PeerFailureError(reason) if msg.failure else ShutdownError(reason), notify=True)
                     return False
-                for req in msg.requests:
-                    self.timeline.negotiate(req, now)
-                    coord.add(req, now)
-        self._inspect_stalls(now)
-        ready = coord.take_ready()
+                with self._coord_lock:
+                    for req in msg.requests:
+                        self.timeline.negotiate(req, now)
+                        coord.add(req, now)
+        with self._coord_lock:
+            self._inspect_stalls(now)
+            ready = coord.take_ready()
         if ready:
             self.timeline.negotiated(ready, now)
             if not self._held:
@@ -320,9 +330,7 @@ class Runtime:
                                           "Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
 
     # worker side
-    def _follow(self, requests, readable) -> bool:
-        if requests:
-            self.control.send(0, ControlMessage(requests=requests))
+    def _follow(self, readable) -> bool:
         if 0 in readable:
             try:
                 messages = self.control.receive(0)
@@ -422,7 +430,6 @@ class Runtime:
         with self._lock:
             entries = list(self._inflight.values())
             self._inflight.clear()
-            self._queue.clear()
             if self._dead is None:
                 self._dead = error
         for entry in entries:
