@@ -208,8 +208,16 @@ class Coordinator:
         self._check(pset, req.name)
 
     def _conflicting_set(self, req: Request) -> Optional[ProcessSetState]:
+        """A set where ``req.name`` is pending and that provably means the same collective.
+
+        Disjoint sets may use the same name at once.  It is a conflict only when the submitter belongs to the other
+        set, or someone who submitted there belongs to the submitter's set: one of them used the wrong set.
+        """
+        mine = self.sets[req.process_set]
         for other in self.sets.values():
-            if other.id != req.process_set and req.name in other.pending:
+            if other.id == req.process_set or req.name not in other.pending:
+                continue
+            if req.rank in other.ranks or any(r in mine.ranks for r in other.pending[req.name].requests):
                 return other
         return None
 
