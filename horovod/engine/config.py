@@ -308,3 +308,22 @@ def set_environ(name: str, value: Optional[str]) -> None:
 
 
 Parser = Callable[[str], Any]
+
+
+def markdown_table() -> str:
+    """Every knob as a Markdown table (``python -m horovod.engine.config > docs/knobs.md``)."""
+    lines = ["# Knobs", "", "Generated from `horovod/engine/config.py` by `python -m horovod.engine.config`; "
+             "precedence: explicit argument > horovodrun flag > `HOROVOD_*` environment > config file > default.",
+             "", "| knob | environment | horovodrun flag | config file | default | meaning |",
+             "|---|---|---|---|---|---|"]
+    for k in KNOBS:
+        flag = k.flag or ""
+        if flag and k.negatable:
+            flag += f" / --no-{flag[2:]}"
+        default = f"{k.default // MIB} MiB" if k.flag_scale == MIB else repr(k.default)
+        lines.append(f"| `{k.name}` | `{k.env or ''}` | `{flag}` | `{k.config_key or ''}` | {default} | {k.help} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
