@@ -7,6 +7,7 @@ blocks in ``select`` on that socketpair and on the control connections; it never
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -74,7 +75,7 @@ class Runtime:
         for i, ranks in enumerate(static_sets, start=1):
             self._register_set(i, ranks)
         self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for)
-        self.timeline = Timeline.create(config, rank)
+        self.timeline = Timeline.create(config, rank, world.name)
         self._lock = threading.Lock()
         self._coord_lock = threading.Lock()   # rank 0: the caller and the background thread share the coordinator
         self._inflight: Dict[Tuple[int, str], Entry] = {}
@@ -194,7 +195,23 @@ class Runtime:
             pass  # a wake-up byte is already pending (or we are closing)
 
     # -- background thread ----------------------------------------------------------------------------
+    def _pin_thread(self) -> None:
+        """HOROVOD_THREAD_AFFINITY: one core id per local rank for this rank's background thread."""
+        cores = [c for c in str(self.config.thread_affinity or "").split(",") if c.strip()]
+        local_rank = self.config.topology.local_rank
+        if not cores or not hasattr(os, "sched_setaffinity"):
+            return
+        if local_rank >= len(cores):
+            logger.warning("HOROVOD_THREAD_AFFINITY lists %d cores but this is local rank %d; not pinning",
+                           len(cores), local_rank)
+            return
+        try:
+            os.sched_setaffinity(threading.get_native_id(), {int(cores[local_rank])})
+        except (OSError, ValueError) as exc:
+            logger.warning("could not pin the background thread to core %s: %s", cores[local_rank], exc)
+
     def _run(self) -> None:
+        self._pin_thread()
         sel = selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         for peer, sock in self.control.peers.items():

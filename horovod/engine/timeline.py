@@ -26,11 +26,11 @@ class Timeline:
     enabled = False
 
     @staticmethod
-    def create(config, rank: int) -> "Timeline":
+    def create(config, rank: int, transport: str = "tcp") -> "Timeline":
         path = config.timeline
         if rank != 0 or not path or path.upper() == "DYNAMIC":
             return Timeline()
-        return FileTimeline(path, config.timeline_mark_cycles)
+        return FileTimeline(path, config.timeline_mark_cycles, transport)
 
     def negotiate(self, request, now: float) -> None: ...
 
@@ -48,8 +48,9 @@ class FileTimeline(Timeline):
 
     enabled = True
 
-    def __init__(self, path: str, mark_cycles: bool = False):
+    def __init__(self, path: str, mark_cycles: bool = False, transport: str = "tcp"):
         self.path = path
+        self.activity_prefix = transport.upper()   # TCP_ALLREDUCE, SHM_ALLREDUCE, MPI_ALLREDUCE, ...
         self.mark_cycles = mark_cycles
         self._t0 = time.monotonic()
         self._pids: Dict[str, int] = {}
@@ -115,7 +116,7 @@ class FileTimeline(Timeline):
             if activity:
                 events.append({"ph": "B", "name": activity, "ts": ts, "pid": pid})
                 events.append({"ph": "E", "ts": ts, "pid": pid})
-            events.append({"ph": "B", "name": f"TCP_{kind}" if kind != "BARRIER" else kind, "ts": ts, "pid": pid})
+            events.append({"ph": "B", "name": f"{self.activity_prefix}_{kind}" if kind != "BARRIER" else kind, "ts": ts, "pid": pid})
         self._queue.put(events)
 
     def end(self, response) -> None:
@@ -176,7 +177,7 @@ class FileTimeline(Timeline):
 def start_dynamic(runtime, path: str, mark_cycles: bool) -> None:
     """Switch a running engine's timeline to ``path`` (``start_timeline``)."""
     runtime.timeline.close()
-    runtime.timeline = FileTimeline(path, mark_cycles) if runtime.rank == 0 else Timeline()
+    runtime.timeline = FileTimeline(path, mark_cycles, runtime.transport_name) if runtime.rank == 0 else Timeline()
 
 
 def stop_dynamic(runtime) -> None:
