@@ -293,10 +293,6 @@ def test_coordinator_join_releases_tensors_waiting_only_for_the_joiner():
     assert [r.names for r in out] == [["a"]] and out[0].joined == (1,)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "regression in 0b47057: Coordinator._conflicting_set rejects a name that is pending on another process set, "
-    "even when the sets are disjoint and the use is legal (see test_engine_regressions.py::"
-    "test_disjoint_process_sets_may_use_the_same_name_concurrently)"))
 def test_coordinator_process_sets_are_independent():
     c = Coordinator(4)
     c.register_set(1, [0, 2])
