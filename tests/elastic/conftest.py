@@ -22,9 +22,18 @@ def _hard_timeout():
     faulthandler.cancel_dump_traceback_later()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.elastic_failed = report.failed
+
+
 @pytest.fixture
-def elastic_job(tmp_path):
-    """``elastic_job(hosts, args, **kw)`` starts an :class:`ElasticJob`; every job is stopped after the test."""
+def elastic_job(tmp_path, request):
+    """``elastic_job(hosts, args, **kw)`` starts an :class:`ElasticJob`; every job is stopped after the test,
+    and a failed test shows the jobs' launcher output and training log."""
     jobs = []
 
     def start(hosts, args, **kwargs) -> ElasticJob:
@@ -35,3 +44,5 @@ def elastic_job(tmp_path):
     yield start
     for job in jobs:
         job.cleanup()
+        if getattr(request.node, "elastic_failed", False):
+            print(job.diagnose())

@@ -100,7 +100,10 @@ class ElasticJob:
     def kill(self, *wids: str, sig: int = signal.SIGKILL) -> None:
         pids = [self.pid(w) for w in wids]
         for pid in pids:
-            os.kill(pid, sig)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass   # the driver stopped it already (its host was blacklisted by the first kill)
 
     def finish(self, timeout: float = WAIT_S) -> int:
         """Ask the job to stop training and wait for the launcher; returns its exit status."""
@@ -179,9 +182,10 @@ class ElasticJob:
         self.wait_for(f"{count} commits at size {size} from epoch {min_epoch} on", enough, timeout)
 
     def diagnose(self) -> str:
-        tail = "\n".join(self.log.read_text().splitlines()[-40:]) if self.log.exists() else "(no log)"
+        lines = self.log.read_text().splitlines() if self.log.exists() else ["(no log)"]
+        tail = "\n".join([line for line in lines if '"commit"' not in line][-80:] + lines[-5:])
         return (f"--- launcher stderr ---\n{self.stderr()[-6000:]}\n--- launcher stdout ---\n{self.stdout()[-3000:]}"
-                f"\n--- training log (tail) ---\n{tail}")
+                f"\n--- training log (all but commits, then the last lines) ---\n{tail}")
 
 
 # -- analysis --------------------------------------------------------------------------------------------
@@ -227,6 +231,7 @@ def check_training(events: List[dict], sizes: Optional[Sequence[int]] = None,
                    resets: Optional[int] = None, finished: bool = True) -> List[Epoch]:
     """Verify the training log of a finished job; returns its epochs.
 
+    - no worker failed unexpectedly (only injected failures and kills);
     - every epoch's ranks agree on size and resume step, ranks are distinct;
     - nothing committed is lost: each epoch resumes exactly at the newest step its surviving workers had
       committed (or resumed at) in the previous epoch;
@@ -234,6 +239,8 @@ def check_training(events: List[dict], sizes: Optional[Sequence[int]] = None,
       once, and the final model equals the one recomputed from it;
     - optionally: the sizes of the epochs in order, and the number of resets.
     """
+    crashes = [e for e in events if e["ev"] == "crash"]
+    assert not crashes, f"workers failed unexpectedly: {crashes}"
     eps = epochs(events)
     assert eps, "no epoch trained"
     for before, after in zip(eps, eps[1:]):

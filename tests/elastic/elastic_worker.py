@@ -8,7 +8,8 @@ state.  Every worker appends JSON lines to ``ELASTIC_TEST_LOG``:
 - ``start``  (id, pid): the process started;
 - ``join``   (id, epoch, rank, size, step): the training function was entered after a (re)sync;
 - ``commit`` (id, epoch, rank, size, step): ``state.commit()`` is called (its save always happens);
-- ``done``   (rank 0 only: w, history, step): training finished.
+- ``done``   (rank 0 only: w, history, step): training finished;
+- ``crash``  (pid, error): the worker is exiting with an unexpected exception.
 
 Training stops once ``ELASTIC_TEST_STOP`` exists (rank 0 decides and tells the others) and at least
 ``ELASTIC_TEST_MIN_STEPS`` steps were made.  ``ELASTIC_TEST_FAULTS`` is a JSON list of
@@ -61,7 +62,11 @@ def epoch() -> int:
     return basics.runtime().epoch.epoch
 
 
-hvd.init()
+try:
+    hvd.init()
+except BaseException as exc:
+    log(ev="crash", pid=os.getpid(), error=repr(exc))   # a worker failing before it trained: say why
+    raise
 log(ev="start", pid=os.getpid())
 state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, w=np.zeros(4), history=[])
 
@@ -84,6 +89,11 @@ def train(state: ObjectState) -> None:
         time.sleep(STEP_DELAY)
 
 
-run_fn(train, default_reset)(state)
+try:
+    run_fn(train, default_reset)(state)
+except BaseException as exc:
+    if not isinstance(exc, SystemExit) and "injected failure" not in str(exc):
+        log(ev="crash", pid=os.getpid(), error=repr(exc))
+    raise
 if hvd.rank() == 0:
     log(ev="done", w=state.w.tolist(), history=state.history, step=state.step)

@@ -178,7 +178,6 @@ class ElasticDriver:
         self._host_order: List[str] = []
         self._slots: Dict[str, int] = {}
         self._unlaunchable_warned: set = set()
-        self._discovered_once = False
         self._discovery_error: Optional[str] = None
         self._workers: Dict[str, _Worker] = {}
         self._all_procs: List[subprocess.Popen] = []
@@ -250,7 +249,6 @@ class ElasticDriver:
             self._discover_now()
 
     def _on_hosts(self, hosts: List[HostInfo]) -> None:
-        self._discovered_once = True
         if self._discovery_error is not None:
             logger.warning("host discovery works again")
             self._discovery_error = None
@@ -307,9 +305,6 @@ class ElasticDriver:
     def _step(self) -> Optional[ElasticResult]:
         if self._finishing:
             return self._finish_if_done()
-        if not self._discovered_once:
-            self._check_slot_timeout(0, self.settings.num_proc, what="the first host discovery")
-            return None
         s = self.settings
         alive = {w.wid for w in self._workers.values() if w.running and not w.removed}
         wanted = plan_members(self._members, self._usable_hosts(), alive, s.max_np)
@@ -331,23 +326,22 @@ class ElasticDriver:
             self._publish(wanted)
         return None
 
-    def _check_slot_timeout(self, have: int, need: int, what: str = "") -> None:
+    def _check_slot_timeout(self, have: int, need: int) -> None:
         now = self._clock()
+        flag = "-np" if self._epoch < 0 else "--min-np"
         if self._short_since is None:
             self._short_since = now
-            if self._epoch >= 0:
-                logger.warning("elastic: only %d usable slots, need --min-np %d; waiting up to %.0f s for more",
-                               have, need, self.settings.elastic_timeout)
+            logger.warning("elastic: only %d usable slots, need %s %d%s; waiting up to %.0f s for more", have, flag,
+                           need, " to start" if self._epoch < 0 else "", self.settings.elastic_timeout)
             return
         if now - self._short_since <= self.settings.elastic_timeout:
             return
-        flag = "-np" if self._epoch < 0 else "--min-np"
         hosts = ", ".join(f"{n}:{self._slots[n]}" for n in self._host_order) or "none"
         black = ", ".join(self.blacklist.blacklisted()) or "none"
         detail = f"; last discovery error: {self._discovery_error}" if self._discovery_error else ""
         raise ElasticJobError(
-            f"Timed out after {self.settings.elastic_timeout:.0f} s waiting for {need} usable slots ({flag} {need}) "
-            f"{'for ' + what if what else ''}: {have} available. Discovered hosts: {hosts}; blacklisted hosts: "
+            f"Timed out after {self.settings.elastic_timeout:.0f} s waiting for {need} usable slots ({flag} {need}): "
+            f"{have} available. Discovered hosts: {hosts}; blacklisted hosts: "
             f"{black}{detail}. Make more hosts available, lower {flag}, or raise --elastic-timeout.",
             first=self._failures[0] if self._failures else None, exits=self._failures)
 
@@ -484,6 +478,11 @@ class ElasticDriver:
                          {w.wid for w in self._workers.values() if w.running and w.wid not in kept})
         doc = {"epoch": epoch, "hosts_version": self._hosts_version,
                "workers": {wid: list(layout) for wid, layout in ranks.items()}, "removed": removed}
+        # Workers left out learn it from the assignment and may exit at once, with an error if they were still
+        # in their first init(): mark them first, so that their exit is not taken for a failure.
+        for worker in self._workers.values():
+            if worker.running and worker.wid not in kept:
+                self._remove(worker, f"it is not part of epoch {epoch}")
         self._store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
         for wid in order:
             self._workers[wid].last_epoch = epoch
