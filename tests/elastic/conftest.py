@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from elastic_helpers import ElasticJob  # noqa: E402
 
 #: Abort the whole test process with every thread's stack if one test hangs past this (no pytest-timeout here).
-HARD_TIMEOUT_S = 150
+HARD_TIMEOUT_S = 170
 
 
 @pytest.fixture(autouse=True)

@@ -24,8 +24,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "elastic_worker.py"
 
-#: Ceiling for any single wait of a test (seconds); the conftest adds a hard per-test timeout on top.
+#: Ceiling for any single wait of a test (seconds).
 WAIT_S = 60.0
+#: Ceiling for all the waits of one job together; the conftest's hard per-test timeout sits above it, so a slow
+#: or stuck job fails with its output instead of killing the test run.
+JOB_BUDGET_S = 120.0
 
 
 def third_host() -> Optional[str]:
@@ -72,6 +75,7 @@ class ElasticJob:
                         ELASTIC_TEST_FAULTS=json.dumps(list(faults)))
         command = [sys.executable, "-m", "horovod.runner", "--verbose", *args, "--host-discovery-script", str(script),
                    sys.executable, str(worker)]
+        self.deadline = time.monotonic() + JOB_BUDGET_S
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
                                          cwd=str(self.dir), start_new_session=True)
@@ -110,7 +114,12 @@ class ElasticJob:
         self.stop_file.touch()
         return self.wait(timeout)
 
+    def _bounded(self, timeout: float) -> float:
+        """``timeout``, cut to what is left of the job's budget."""
+        return max(0.0, min(timeout, self.deadline - time.monotonic()))
+
     def wait(self, timeout: float = WAIT_S) -> int:
+        timeout = self._bounded(timeout)
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -155,6 +164,7 @@ class ElasticJob:
 
     def wait_for(self, what: str, predicate: Callable[[List[dict]], bool], timeout: float = WAIT_S) -> None:
         """Block until ``predicate(events)`` holds; fail (with the job's output) on timeout or early exit."""
+        timeout = self._bounded(timeout)
         deadline = time.monotonic() + timeout
         while True:
             if predicate(self.events()):
@@ -167,7 +177,7 @@ class ElasticJob:
 
     def wait_for_output(self, text: str, timeout: float = WAIT_S) -> None:
         """Block until the launcher's standard error contains ``text``."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self._bounded(timeout)
         while text not in self.stderr():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"launcher never printed {text!r}\n{self.diagnose()}")

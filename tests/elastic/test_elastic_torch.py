@@ -172,16 +172,16 @@ def test_torch_job_grows_and_survives_a_killed_worker(elastic_job):
         return lambda evs: any(e["ev"] == "join" and e["size"] == size and e["epoch"] > after_epoch for e in evs)
 
     job.wait_for("training at size 2", lambda evs: any(e["ev"] == "commit" and e["size"] == 2 for e in evs),
-                 timeout=90)
+                 timeout=60)
     job.set_hosts(["localhost:1", "127.0.0.1:1", f"{third}:1"])
-    job.wait_for("a third worker joins", joined(3, 0), timeout=90)
+    job.wait_for("a third worker joins", joined(3, 0))
     grown = max(e["epoch"] for e in job.events("join"))
     job.wait_for("training at size 3", lambda evs: any(e["ev"] == "commit" and e["size"] == 3 for e in evs))
     job.kill("127.0.0.1:0")
     job.wait_for("the job goes on without the killed worker", joined(2, grown))
     job.wait_for("training at size 2 again",
                  lambda evs: any(e["ev"] == "commit" and e["size"] == 2 and e["epoch"] > grown for e in evs))
-    assert job.finish(timeout=90) == 0, job.diagnose()        # stops at the end of a data epoch
+    assert job.finish() == 0, job.diagnose()        # stops at the end of a data epoch
 
     events = job.events()
     eps = check_training(events, sizes=[2, 3, 2], resets=2, finished=False)
