@@ -28,13 +28,13 @@ _LOG_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNIN
 def _configure_logging(cfg) -> None:
     level = _LOG_LEVELS.get(str(cfg.log_level).upper(), logging.WARNING)
     logger.setLevel(level)
-    if not logger.handlers:
+    # Add our own handler only where nobody configured logging; records still propagate to the root.
+    if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         fmt = "[%(levelname)s %(filename)s:%(lineno)d] %(message)s" if cfg.log_hide_time else \
             "[%(asctime)s: %(levelname)s %(filename)s:%(lineno)d] %(message)s"
         handler.setFormatter(logging.Formatter(fmt))
         logger.addHandler(handler)
-        logger.propagate = False
 
 
 def init(comm: Optional[Union[Sequence[int], object]] = None,

@@ -84,7 +84,7 @@ def env(**kwargs: str) -> Iterator[None]:
 def _framework_answer(probe: str) -> Optional[bool]:
     for module in ("horovod.torch", "horovod.tensorflow", "horovod.mxnet"):
         framework = module.split(".")[1]
-        if importlib.util.find_spec(framework) is None:
+        if not module_installed(framework):
             continue
         from horovod.common import basics
 
@@ -112,10 +112,22 @@ def ccl_built(verbose: bool = False) -> Optional[bool]:
     return _framework_answer("ccl_built")
 
 
+def module_installed(name: str) -> bool:
+    """True when ``name`` is an importable module, found without importing it.
+
+    A bare directory of that name on ``sys.path`` (a namespace package, e.g. a ``tests/mxnet`` folder) does not
+    count: it is not the framework.
+    """
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
 def extension_available(ext_base_name: str, verbose: bool = False) -> bool:
     """True when ``horovod.<ext_base_name>``'s framework is importable (nothing is compiled here)."""
-    framework = {"tensorflow": "tensorflow", "torch": "torch", "mxnet": "mxnet"}.get(ext_base_name, ext_base_name)
-    return importlib.util.find_spec(framework) is not None
+    return module_installed(ext_base_name)
 
 
 def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:

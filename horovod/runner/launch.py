@@ -14,7 +14,7 @@ started one per slot, 4).
 from __future__ import annotations
 
 import argparse
-import importlib.util
+from horovod.common.util import module_installed
 import logging
 import os
 import signal
@@ -56,11 +56,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def _framework_available(module: str) -> bool:
-    # find_spec does not import the framework: checking must stay cheap and side-effect free.
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+    # Found without importing the framework: checking must stay cheap and side-effect free.
+    return module_installed(module)
 
 
 def check_build_text() -> str:

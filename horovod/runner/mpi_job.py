@@ -18,7 +18,6 @@ both installed *and* the job spans several hosts (at least one of them remote); 
 from __future__ import annotations
 
 import collections
-import importlib.util
 import logging
 import os
 import re
@@ -32,6 +31,7 @@ import threading
 import time
 from typing import IO, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from horovod.common.util import module_installed
 from horovod.engine import config
 from horovod.runner import mpi_run
 from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerExit, terminate
@@ -79,7 +79,7 @@ class MpiRunError(JobFailedError):
 def mpi_available() -> bool:
     """``mpirun`` on PATH and ``mpi4py`` importable (checked without importing it)."""
     try:
-        has_mpi4py = importlib.util.find_spec("mpi4py") is not None
+        has_mpi4py = module_installed("mpi4py")
     except (ImportError, ValueError):
         has_mpi4py = False
     return has_mpi4py and shutil.which("mpirun") is not None
@@ -302,7 +302,7 @@ def run_mpi_job(settings: JobSettings, parent_env: Mapping[str, str],
         raise LaunchNotAvailableError(
             f"--mpi: cannot tell which MPI '{mpirun} --version' belongs to (it said: {' / '.join(said) or 'nothing'})"
             f"; expected Open MPI, MPICH or Intel MPI, or use the built-in launcher (--gloo)")
-    if importlib.util.find_spec("mpi4py") is None:
+    if not module_installed("mpi4py"):
         raise LaunchNotAvailableError(
             "--mpi: the workers need mpi4py, which is not installed here; `pip install mpi4py`, or use the "
             "built-in launcher (--gloo)")

@@ -108,18 +108,9 @@ def test_value_errors(kwargs, fragment):
         run(lambda: None, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"min_num_proc": 1}, "elastic mode"),
-])
-def test_not_available_yet(kwargs, fragment):
-    with pytest.raises(NotImplementedError, match=fragment):
-        run(lambda: None, **kwargs)
-
-
 def test_deprecated_aliases_warn():
-    with pytest.warns(DeprecationWarning, match="min_np"):
-        with pytest.raises(NotImplementedError):
-            run(lambda: None, min_np=1)
+    with pytest.warns(DeprecationWarning, match="'np'"):
+        assert run(lambda: 7, np=1) == [7]
 
 
 def test_exports():
