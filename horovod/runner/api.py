@@ -95,8 +95,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
         use_gloo, use_mpi: the controller (not both); ``use_mpi`` runs the workers under ``mpirun``.
         network_interfaces: interfaces to use, a list or a comma-separated string.
         executable: the Python interpreter of the workers (default: this one).
-        min_num_proc, max_num_proc, slots, reset_limit, cooldown_range, host_discovery_script: elastic mode,
-            not available yet.
+        min_num_proc, max_num_proc, slots, reset_limit, cooldown_range, host_discovery_script: elastic mode
+            (see :mod:`horovod.runner.elastic`); results are those of the first ``min_num_proc`` ranks.
         ssh_port, ssh_identity_file, disable_cache, mpi_args: accepted for multi-host / MPI launches.
         np, min_np, max_np, network_interface: deprecated spellings of the above.
 

@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     for knob in flag_knobs():
         _add_knob(parser, groups, knob)
 
-    elastic = parser.add_argument_group("elastic arguments (not yet supported by this launcher)")
+    elastic = parser.add_argument_group("elastic arguments")
     elastic.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=int,
                          help="Minimum processes for an elastic job.")
     elastic.add_argument("--max-np", "--max-num-proc", dest="max_num_proc", type=int,

@@ -108,6 +108,10 @@ class _Server(ThreadingHTTPServer):
     secret: bytes
     store: "MemoryStore"
 
+    def handle_error(self, request, client_address):
+        # A worker killed mid-request resets its connection: routine in elastic jobs, not worth a traceback.
+        logger.debug("rendezvous: request from %s failed", client_address, exc_info=True)
+
 
 class MemoryStore:
     """A thread-safe dict of ``(scope, key) -> bytes`` with change notification."""
