@@ -277,17 +277,11 @@ class Runtime:
         coord = self.coordinator
         now = time.monotonic()
         for peer in readable:
-            try:
-                messages = self.control.receive(peer)
-            except PeerError as exc:
-                self._die(PeerFailureError(
-                    f"rank {peer} closed its control connection (the process exited or crashed): {exc}. "
-                    f"{SHUTDOWN_MESSAGE}"), notify=True)
+            messages = self._receive(peer)
+            if messages is None:
                 return False
             for msg in messages:
-                if msg.shutdown:
-                    reason = msg.reason or SHUTDOWN_MESSAGE
-                    self._die(PeerFailureError(reason) if msg.failure else ShutdownError(reason), notify=True)
+                if self._obey_shutdown(msg):
                     return False
                 with self._coord_lock:
                     for req in msg.requests:
@@ -347,19 +341,41 @@ class Runtime:
                                           "Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
 
     # worker side
+    def _receive(self, peer: int) -> Optional[List[ControlMessage]]:
+        """Messages from ``peer`` in order, up to and including a shutdown notice; ``None`` if the peer is gone.
+
+        Whatever arrived before a shutdown notice must still be handled (the last responses of a rank that
+        finished), so the caller processes the list and then :meth:`_obey_shutdown`.
+        """
+        try:
+            messages = self.control.receive(peer)
+        except PeerError as exc:
+            relay = self.coordinator is not None
+            who = f"rank {peer}" if relay else "the coordinator (rank 0)"
+            self._die(PeerFailureError(f"{who} closed its control connection (the process exited or crashed): "
+                                       f"{exc}. {SHUTDOWN_MESSAGE}"), notify=relay)
+            return None
+        for i, msg in enumerate(messages):
+            if msg.shutdown:
+                return messages[:i + 1]
+        return messages
+
+    def _obey_shutdown(self, msg: ControlMessage) -> bool:
+        """Go down when ``msg`` says so (the coordinator relays it to everyone); True if it did."""
+        if not msg.shutdown:
+            return False
+        reason = msg.reason or SHUTDOWN_MESSAGE
+        self._die(PeerFailureError(reason) if msg.failure else ShutdownError(reason),
+                  notify=self.coordinator is not None)
+        return True
+
     def _follow(self, readable) -> bool:
         if 0 in readable:
-            try:
-                messages = self.control.receive(0)
-            except PeerError as exc:
-                self._die(PeerFailureError(
-                    f"the coordinator (rank 0) closed its connection (it exited or crashed): {exc}. "
-                    f"{SHUTDOWN_MESSAGE}"), notify=False)
+            messages = self._receive(0)
+            if messages is None:
                 return False
             for msg in messages:
-                if msg.shutdown:
-                    err = PeerFailureError if msg.failure else ShutdownError
-                    self._die(err(msg.reason or SHUTDOWN_MESSAGE), notify=False)
+                if self._obey_shutdown(msg):
                     return False
                 if msg.params:
                     self.config = self.config.replace(**msg.params)
