@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _launch  # noqa: E402  (shared launching helpers of the benchmarks)
+
 RESULT_TAG = "BENCH_RESULT "
 
 
@@ -97,12 +98,6 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)
@@ -120,15 +115,16 @@ def main(argv=None) -> None:
     if args.worker:
         return worker(args)
 
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "horovod.runner", "-np", str(args.np), sys.executable, os.path.abspath(__file__),
-           "--worker", "--models", args.models, "--batch-size", str(args.batch_size), "--blocks", str(args.blocks),
-           "--block-steps", str(args.block_steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    env = _launch.repo_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_launch.free_port())})
+    cmd = _launch.horovodrun_cmd(args.np, [
+        sys.executable, os.path.abspath(__file__), "--worker", "--models", args.models, "--batch-size",
+        str(args.batch_size), "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), "--warmup",
+        str(args.warmup), "--threads", str(args.threads)])
+    # run_job kills the whole job (launcher and ranks) on timeout
+    proc = _launch.run_job(cmd, env, args.timeout)
     line = next((ln for ln in proc.stdout.splitlines() if RESULT_TAG in ln), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"benchmark job failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if not proc.ok or line is None:
+        raise SystemExit(f"benchmark job failed: {proc.describe()}")
     results = json.loads(line.split(RESULT_TAG, 1)[1])
 
     print(f"\nnp={args.np}, batch {args.batch_size}/rank, {args.blocks} alternating blocks of {args.block_steps} "

