@@ -207,6 +207,14 @@ class Executor:
         splits = [split_rows(shape[0], size) for shape in resp.shapes]
         rows = [_row_elems(shape) for shape in resp.shapes]
         counts = [sum(sp[p] * r for sp, r in zip(splits, rows)) for p in range(size)]
+        if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16 and pre == 1.0:
+            # One tensor is already laid out block by block: reduce straight from it into the result.
+            entry, shape = entries[0], resp.shapes[0]
+            out = np.empty((splits[0][me],) + tuple(shape[1:]), dtype=cdt)
+            transport.reducescatter(_flat(entry.tensor), _flat(out), counts, ops.TRANSPORT_OP[resp.op])
+            ops.scale_inplace(out, post)
+            entry.output = out
+            return [out]
         send = self.fusion.get(sum(counts), cdt)
         # Lay out rank p's block as the concatenation of every tensor's p-th slice.
         offset = 0

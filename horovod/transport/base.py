@@ -75,7 +75,10 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = SUM) -> None:
-        """Reduce ``send`` (``sum(counts)`` elements) across ranks; rank r gets block r (``counts[r]``) in ``recv``."""
+        """Reduce ``send`` (``sum(counts)`` elements) across ranks; rank r gets block r (``counts[r]``) in ``recv``.
+
+        ``send`` is only read, never modified (the engine passes user tensors straight in).
+        """
 
     @abc.abstractmethod
     def sendrecv(self, send: Optional[np.ndarray], dest: Optional[int], recv: Optional[np.ndarray],
