@@ -211,6 +211,17 @@ class _Mesh:
 
     def run(self, plan: _Plan, op: str, what: str, view: "TcpTransport") -> None:
         """Drive every send and receive of ``plan`` to completion (see the module docstring)."""
+        try:
+            self._drive(plan, op, what, view)
+        finally:
+            # Channels point at each other (send-after-receive dependencies, a neighbour on both sides), a cycle
+            # that would keep the caller's buffers alive until the cyclic GC runs: break it now.
+            for c in plan.chans.values():
+                c.sends.clear()
+                c.recvs.clear()
+            plan.chans.clear()
+
+    def _drive(self, plan: _Plan, op: str, what: str, view: "TcpTransport") -> None:
         active = [c for c in plan.chans.values() if c.sends or c.recvs]
         if not active:
             return
