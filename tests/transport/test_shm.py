@@ -443,7 +443,10 @@ def _body_lifecycle(rank, size, port, secret, backing):
     sub = t.subgroup([0, size - 1]) if rank in (0, size - 1) else None
     if sub is not None:
         sub.barrier()
-    visible = _shm_entries(token)  # names never outlive setup, even while the job runs
+    # With file backing a name exists between a member's open() and its unlink(); once every rank passed the
+    # world barrier, all setups are over and no name may remain, even while the job runs.
+    t.barrier()
+    visible = _shm_entries(token)
     buf = np.ones(1 << 20, np.float32)
     t.allreduce(buf)
     assert buf[0] == size
