@@ -58,7 +58,7 @@ KNOBS: Tuple[Knob, ...] = (
          "Batching window in ms: how long the coordinator may hold ready tensors to fuse more of them "
          "(0: dispatch as soon as the data plane is free)."),
     Knob("cache_capacity", int, 1024, "HOROVOD_CACHE_CAPACITY", "--cache-capacity", "params.cache_capacity",
-         "Response cache entries; 0 disables the cache."),
+         "Response cache entries in the original; accepted for compatibility, no effect yet (see NOTES.md)."),
     Knob("hierarchical_allreduce", bool, False, "HOROVOD_HIERARCHICAL_ALLREDUCE", "--hierarchical-allreduce",
          "params.hierarchical_allreduce", "Reduce inside each host first, then across hosts.", negatable=True),
     Knob("hierarchical_allgather", bool, False, "HOROVOD_HIERARCHICAL_ALLGATHER", "--hierarchical-allgather",
