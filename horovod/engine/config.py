@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 MIB = 1024 * 1024
 
@@ -306,8 +306,6 @@ def set_environ(name: str, value: Optional[str]) -> None:
     else:
         os.environ[name] = value
 
-
-Parser = Callable[[str], Any]
 
 
 def markdown_table() -> str:

@@ -12,7 +12,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from horovod.engine.messages import ControlMessage
 from horovod.transport import sockets
@@ -133,12 +133,6 @@ class ControlPlane:
         for peer in list(self.peers):
             self.drop(peer)
         sockets.maybe_close(self._listener)
-
-    def rank_of(self, sock: socket.socket) -> Optional[int]:
-        for peer, s in self.peers.items():
-            if s is sock:
-                return peer
-        return None
 
 
 class FrameReader:

@@ -30,11 +30,6 @@ class FusionBuffer:
                                  dtype=np.uint8)
         return self._raw[:nbytes].view(dtype)
 
-    def release_above(self, nbytes: int) -> None:
-        """Free the buffer when it grew past ``nbytes`` (threshold changes, memory pressure)."""
-        if self._raw.nbytes > nbytes:
-            self._raw = np.empty(0, dtype=np.uint8)
-
 
 def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
