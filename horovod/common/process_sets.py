@@ -95,6 +95,20 @@ def _set_id(process_set: Optional[ProcessSet]) -> int:
     return process_set.process_set_id
 
 
+def op_name(prefix: str, name: Optional[str], process_set: Optional[ProcessSet]) -> str:
+    """The tensor name a binding sends; unnamed ops are numbered in issue order within their process set."""
+    from horovod.engine import collectives
+
+    return collectives.tensor_name(prefix, name, _set_id(process_set))
+
+
+def group_op_names(prefix: str, name: Optional[str], count: int, process_set: Optional[ProcessSet]):
+    """Member names of a grouped op and the group's key (see :func:`horovod.engine.collectives.group_names`)."""
+    from horovod.engine import collectives
+
+    return collectives.group_names(prefix, name, count, _set_id(process_set))
+
+
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
     """Register a new process set on every rank (collective: all ranks call it in the same order).
 

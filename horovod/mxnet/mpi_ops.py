@@ -23,6 +23,7 @@ from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_
                                    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
                                    start_timeline, stop_timeline)
 from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  # noqa: F401
+                                         group_op_names, op_name,
                                          global_process_set, remove_process_set)
 from horovod.common.util import handle_average_backwards_compatibility
 from horovod.engine import collectives
@@ -34,13 +35,6 @@ NDArray = mx.nd.NDArray
 
 
 # -- NDArray <-> numpy ----------------------------------------------------------------------------------------
-
-def _name(prefix: str, name: Optional[str], process_set: ProcessSet) -> str:
-    return collectives.tensor_name(prefix, name, _set_id(process_set))
-
-
-def _group(prefix: str, name: Optional[str], count: int, process_set: ProcessSet):
-    return collectives.group_names(prefix, name, count, _set_id(process_set))
 
 def _is_np_array(tensor) -> bool:
     """True for the NumPy-compatible ``mx.np.ndarray`` (a subclass of NDArray) rather than a classic NDArray."""
@@ -122,7 +116,7 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
     op = handle_average_backwards_compatibility(op, average)
     _priority(priority)
     host = to_numpy(tensor, "allreduce")
-    _allreduce_async([host], [_name("allreduce", name, process_set)], op, prescale_factor, postscale_factor,
+    _allreduce_async([host], [op_name("allreduce", name, process_set)], op, prescale_factor, postscale_factor,
                      process_set, grouped=False).wait()
     return from_numpy(host, tensor)
 
@@ -134,7 +128,7 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
     op = handle_average_backwards_compatibility(op, average)
     _priority(priority)
     host = to_numpy(tensor, "allreduce_")
-    _allreduce_async([host], [_name("allreduce", name, process_set)], op, prescale_factor, postscale_factor,
+    _allreduce_async([host], [op_name("allreduce", name, process_set)], op, prescale_factor, postscale_factor,
                      process_set, grouped=False).wait()
     return write_back(tensor, host)
 
@@ -149,7 +143,7 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None
     if not tensors:
         return []
     hosts = [to_numpy(t, "grouped_allreduce") for t in tensors]
-    names, _ = _group("grouped_allreduce", name, len(hosts), process_set)
+    names, _ = group_op_names("grouped_allreduce", name, len(hosts), process_set)
     _allreduce_async(hosts, names, op, prescale_factor, postscale_factor, process_set, grouped=True).wait()
     return [from_numpy(h, t) for h, t in zip(hosts, tensors)]
 
@@ -164,7 +158,7 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
     if not tensors:
         return []
     hosts = [to_numpy(t, "grouped_allreduce_") for t in tensors]
-    names, _ = _group("grouped_allreduce", name, len(hosts), process_set)
+    names, _ = group_op_names("grouped_allreduce", name, len(hosts), process_set)
     _allreduce_async(hosts, names, op, prescale_factor, postscale_factor, process_set, grouped=True).wait()
     return [write_back(t, h) for t, h in zip(tensors, hosts)]
 
@@ -175,7 +169,7 @@ def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
     """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ); a new NDArray."""
     _priority(priority)
     host = to_numpy(tensor, "allgather")
-    result = collectives.allgather_async([host], [_name("allgather", name, process_set)],
+    result = collectives.allgather_async([host], [op_name("allgather", name, process_set)],
                                          process_set=_set_id(process_set)).wait()
     return from_numpy(result, tensor)
 
@@ -188,7 +182,7 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
     if not tensors:
         return []
     hosts = [to_numpy(t, "grouped_allgather") for t in tensors]
-    names, _ = _group("grouped_allgather", name, len(hosts), process_set)
+    names, _ = group_op_names("grouped_allgather", name, len(hosts), process_set)
     results = collectives.allgather_async(hosts, names, process_set=_set_id(process_set), grouped=True).wait()
     return [from_numpy(r, t) for r, t in zip(results, tensors)]
 
@@ -196,7 +190,7 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
 # -- broadcast -------------------------------------------------------------------------------------------------
 def _broadcast_host(tensor: NDArray, root_rank: int, name: Optional[str], process_set, what: str) -> np.ndarray:
     host = to_numpy(tensor, what)
-    collectives.broadcast_async([host], [_name("broadcast", name, process_set)], root_rank,
+    collectives.broadcast_async([host], [op_name("broadcast", name, process_set)], root_rank,
                                 process_set=_set_id(process_set), outputs=[host]).wait()
     return host
 
@@ -235,7 +229,7 @@ def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority:
     if splits is not None:
         split_list = splits.asnumpy() if isinstance(splits, NDArray) else np.asarray(splits)
         split_list = [int(s) for s in split_list.reshape(-1)]
-    output, received = collectives.alltoall_async(host, _name("alltoall", name, process_set), split_list,
+    output, received = collectives.alltoall_async(host, op_name("alltoall", name, process_set), split_list,
                                                   process_set=_set_id(process_set)).wait()
     out = from_numpy(np.ascontiguousarray(output), tensor)
     if splits is None:
@@ -250,7 +244,7 @@ def reducescatter(tensor: NDArray, op: int = Average, name: Optional[str] = None
     """Reduce ``tensor`` over the set and return this rank's block of rows (lower ranks get the extra rows)."""
     _priority(priority)
     host = to_numpy(tensor, "reducescatter")
-    result = collectives.reducescatter_async([host], [_name("reducescatter", name, process_set)], op=op,
+    result = collectives.reducescatter_async([host], [op_name("reducescatter", name, process_set)], op=op,
                                              prescale=prescale_factor, postscale=postscale_factor,
                                              process_set=_set_id(process_set)).wait()
     return from_numpy(np.ascontiguousarray(result), tensor)
@@ -265,7 +259,7 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: int = Average, name: O
     if not tensors:
         return []
     hosts = [to_numpy(t, "grouped_reducescatter") for t in tensors]
-    names, _ = _group("grouped_reducescatter", name, len(hosts), process_set)
+    names, _ = group_op_names("grouped_reducescatter", name, len(hosts), process_set)
     results = collectives.reducescatter_async(hosts, names, op=op, prescale=prescale_factor,
                                               postscale=postscale_factor, process_set=_set_id(process_set),
                                               grouped=True).wait()

@@ -19,6 +19,7 @@ from horovod.common.exceptions import HorovodInternalError  # noqa: F401
 from horovod.common.objects import allgather_object as _allgather_object
 from horovod.common.objects import broadcast_object as _broadcast_object
 from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  # noqa: F401
+                                         group_op_names, op_name,
                                          global_process_set, remove_process_set)
 from horovod.common.util import handle_average_backwards_compatibility
 from horovod.engine import collectives
@@ -37,13 +38,6 @@ def synchronize(handle: int):
     return _handles.synchronize(handle)
 
 
-def _name(prefix: str, name: Optional[str], process_set: ProcessSet) -> str:
-    return collectives.tensor_name(prefix, name, _set_id(process_set))
-
-
-def _group(prefix: str, name: Optional[str], count: int, process_set: ProcessSet):
-    return collectives.group_names(prefix, name, count, _set_id(process_set))
-
 
 def _arr(x) -> np.ndarray:
     # np.ascontiguousarray would turn a 0-d value into shape (1,); scalars must stay scalars.
@@ -58,7 +52,7 @@ def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None, p
     op = handle_average_backwards_compatibility(op, average)
     t = _arr(tensor)
     return _handles.add(collectives.allreduce_async(
-        [t], [_name("allreduce", name, process_set)], op=op, prescale=prescale_factor,
+        [t], [op_name("allreduce", name, process_set)], op=op, prescale=prescale_factor,
         postscale=postscale_factor, process_set=_set_id(process_set), outputs=[np.empty_like(t)]))
 
 
@@ -74,7 +68,7 @@ def allreduce_async_(tensor: np.ndarray, average=None, name=None, op=None, presc
     op = handle_average_backwards_compatibility(op, average)
     _require_inplace(tensor)
     return _handles.add(collectives.allreduce_async(
-        [tensor], [_name("allreduce", name, process_set)], op=op, prescale=prescale_factor,
+        [tensor], [op_name("allreduce", name, process_set)], op=op, prescale=prescale_factor,
         postscale=postscale_factor, process_set=_set_id(process_set), outputs=[tensor]))
 
 
@@ -93,7 +87,7 @@ def grouped_allreduce_async(tensors: Sequence, average=None, name=None, op=None,
     """Reduce a list of arrays as one atomic group; the result is a list of new arrays."""
     op = handle_average_backwards_compatibility(op, average)
     arrays = [_arr(t) for t in tensors]
-    names, _ = _group("grouped_allreduce", name, len(arrays), process_set)
+    names, _ = group_op_names("grouped_allreduce", name, len(arrays), process_set)
     return _handles.add(collectives.allreduce_async(
         arrays, names, op=op, prescale=prescale_factor, postscale=postscale_factor,
         process_set=_set_id(process_set), outputs=[np.empty_like(a) for a in arrays], grouped=True))
@@ -110,7 +104,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     op = handle_average_backwards_compatibility(op, average)
     for t in tensors:
         _require_inplace(t)
-    names, _ = _group("grouped_allreduce", name, len(tensors), process_set)
+    names, _ = group_op_names("grouped_allreduce", name, len(tensors), process_set)
     return _handles.add(collectives.allreduce_async(
         list(tensors), names, op=op, prescale=prescale_factor, postscale=postscale_factor,
         process_set=_set_id(process_set), outputs=list(tensors), grouped=True))
@@ -125,7 +119,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 # -- allgather ------------------------------------------------------------------------------------------
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along dimension 0."""
-    return _handles.add(collectives.allgather_async([_arr(tensor)], [_name("allgather", name, process_set)],
+    return _handles.add(collectives.allgather_async([_arr(tensor)], [op_name("allgather", name, process_set)],
                                                     process_set=_set_id(process_set)))
 
 
@@ -135,7 +129,7 @@ def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
     arrays = [_arr(t) for t in tensors]
-    names, _ = _group("grouped_allgather", name, len(arrays), process_set)
+    names, _ = group_op_names("grouped_allgather", name, len(arrays), process_set)
     return _handles.add(collectives.allgather_async(arrays, names, process_set=_set_id(process_set), grouped=True))
 
 
@@ -147,7 +141,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set) -> Lis
 def broadcast_async(tensor, root_rank: int, name=None, process_set=global_process_set) -> int:
     """Start copying ``root_rank``'s ``tensor`` to every rank (a new array is returned)."""
     t = _arr(tensor)
-    return _handles.add(collectives.broadcast_async([t], [_name("broadcast", name, process_set)], root_rank,
+    return _handles.add(collectives.broadcast_async([t], [op_name("broadcast", name, process_set)], root_rank,
                                                     process_set=_set_id(process_set), outputs=[t.copy()]))
 
 
@@ -157,7 +151,7 @@ def broadcast(tensor, root_rank: int, name=None, process_set=global_process_set)
 
 def broadcast_async_(tensor, root_rank: int, name=None, process_set=global_process_set) -> int:
     _require_inplace(tensor)
-    return _handles.add(collectives.broadcast_async([tensor], [_name("broadcast", name, process_set)],
+    return _handles.add(collectives.broadcast_async([tensor], [op_name("broadcast", name, process_set)],
                                                     root_rank, process_set=_set_id(process_set), outputs=[tensor]))
 
 
@@ -168,7 +162,7 @@ def broadcast_(tensor, root_rank: int, name=None, process_set=global_process_set
 # -- alltoall / reducescatter ---------------------------------------------------------------------------
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
     """Start scattering rows of ``tensor`` to every rank (by ``splits``) and gathering theirs."""
-    return _handles.add(collectives.alltoall_async(_arr(tensor), _name("alltoall", name, process_set), splits,
+    return _handles.add(collectives.alltoall_async(_arr(tensor), op_name("alltoall", name, process_set), splits,
                                                    process_set=_set_id(process_set)))
 
 
@@ -182,7 +176,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         postscale_factor=1.0) -> int:
     """Start reducing ``tensor`` and scattering row blocks (rank r gets block r)."""
     return _handles.add(collectives.reducescatter_async(
-        [_arr(tensor)], [_name("reducescatter", name, process_set)], op=op, prescale=prescale_factor,
+        [_arr(tensor)], [op_name("reducescatter", name, process_set)], op=op, prescale=prescale_factor,
         postscale=postscale_factor, process_set=_set_id(process_set)))
 
 
@@ -194,7 +188,7 @@ def reducescatter(tensor, name=None, op=Average, process_set=global_process_set,
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     arrays = [_arr(t) for t in tensors]
-    names, _ = _group("grouped_reducescatter", name, len(arrays), process_set)
+    names, _ = group_op_names("grouped_reducescatter", name, len(arrays), process_set)
     return _handles.add(collectives.reducescatter_async(
         arrays, names, op=op, prescale=prescale_factor, postscale=postscale_factor,
         process_set=_set_id(process_set), grouped=True))

@@ -23,6 +23,7 @@ from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_
                                    stop_timeline)
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  # noqa: F401
+                                         group_op_names, op_name,
                                          global_process_set, remove_process_set)
 from horovod.common.util import handle_average_backwards_compatibility  # noqa: F401  (re-exported)
 from horovod.engine import collectives
@@ -128,7 +129,7 @@ def allreduce_async(tensor: torch.Tensor, average=None, name: Optional[str] = No
     Returns:
         A handle for :func:`poll` / :func:`synchronize`.
     """
-    return _allreduce_async([tensor], [collectives.tensor_name("allreduce", name)], _op(op, average),
+    return _allreduce_async([tensor], [op_name("allreduce", name, process_set)], _op(op, average),
                             prescale_factor, postscale_factor, process_set, inplace=False, grouped=False)
 
 
@@ -136,7 +137,7 @@ def allreduce_async_(tensor: torch.Tensor, average=None, name: Optional[str] = N
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``'s memory."""
-    return _allreduce_async([tensor], [collectives.tensor_name("allreduce", name)], _op(op, average),
+    return _allreduce_async([tensor], [op_name("allreduce", name, process_set)], _op(op, average),
                             prescale_factor, postscale_factor, process_set, inplace=True, grouped=False)
 
 
@@ -151,7 +152,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average=None, name:
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start reducing a list of tensors as one group (negotiated and fused together); results are new tensors."""
-    names, _ = collectives.group_names("grouped_allreduce", name, len(tensors))
+    names, _ = group_op_names("grouped_allreduce", name, len(tensors), process_set)
     return _allreduce_async(list(tensors), names, _op(op, average), prescale_factor, postscale_factor, process_set,
                             inplace=False, grouped=True)
 
@@ -160,7 +161,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average=None, name
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
     """In-place :func:`grouped_allreduce_async`."""
-    names, _ = collectives.group_names("grouped_allreduce", name, len(tensors))
+    names, _ = group_op_names("grouped_allreduce", name, len(tensors), process_set)
     return _allreduce_async(list(tensors), names, _op(op, average), prescale_factor, postscale_factor, process_set,
                             inplace=True, grouped=True)
 
@@ -217,13 +218,13 @@ def _allgather_async(tensors: Sequence[torch.Tensor], names: List[str], process_
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
-    return _allgather_async([tensor], [collectives.tensor_name("allgather", name)], process_set, grouped=False)
+    return _allgather_async([tensor], [op_name("allgather", name, process_set)], process_set, grouped=False)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start allgathering a list of tensors as one group."""
-    names, _ = collectives.group_names("grouped_allgather", name, len(tensors))
+    names, _ = group_op_names("grouped_allgather", name, len(tensors), process_set)
     return _allgather_async(list(tensors), names, process_set, grouped=True)
 
 
@@ -235,7 +236,7 @@ def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str], 
         out, out_arr = None, s.array
     else:
         out, out_arr = s.fresh_output()
-    handle = collectives.broadcast_async([s.array], [collectives.tensor_name("broadcast", name)], root_rank,
+    handle = collectives.broadcast_async([s.array], [op_name("broadcast", name, process_set)], root_rank,
                                          process_set=_set_id(process_set), outputs=[out_arr],
                                          dtypes=overrides([s]))
     if inplace:
@@ -281,7 +282,7 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
     synchronized result is ``(output, received_splits)``.
     """
     s = Staged(tensor)
-    handle = collectives.alltoall_async(s.array, collectives.tensor_name("alltoall", name), _splits_list(splits),
+    handle = collectives.alltoall_async(s.array, op_name("alltoall", name, process_set), _splits_list(splits),
                                         process_set=_set_id(process_set), dtype=s.override)
 
     def finish(raw):
@@ -314,7 +315,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op=Ave
 
     Rank r gets ``d0 // n`` rows, plus one when ``r < d0 % n`` (n = size of the process set).
     """
-    return _reducescatter_async([tensor], [collectives.tensor_name("reducescatter", name)], op, process_set,
+    return _reducescatter_async([tensor], [op_name("reducescatter", name, process_set)], op, process_set,
                                 prescale_factor, postscale_factor, grouped=False)
 
 
@@ -322,7 +323,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     """Start reduce-scattering a list of tensors as one group."""
-    names, _ = collectives.group_names("grouped_reducescatter", name, len(tensors))
+    names, _ = group_op_names("grouped_reducescatter", name, len(tensors), process_set)
     return _reducescatter_async(list(tensors), names, op, process_set, prescale_factor, postscale_factor,
                                 grouped=True)
 
