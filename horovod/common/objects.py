@@ -8,6 +8,7 @@ import cloudpickle
 import numpy as np
 
 from horovod.engine import collectives
+from horovod.engine.collectives import blocking
 
 
 def _to_bytes(obj: Any) -> np.ndarray:
@@ -16,6 +17,7 @@ def _to_bytes(obj: Any) -> np.ndarray:
     return np.frombuffer(buf.getvalue(), dtype=np.uint8).copy()
 
 
+@blocking
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, process_set: int = 0) -> Any:
     """Serialize ``obj`` on ``root_rank`` and return a copy of it on every rank of the process set.
 
@@ -39,6 +41,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None, p
     return cloudpickle.loads(payload.tobytes())
 
 
+@blocking
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: int = 0) -> List[Any]:
     """Return the list of every rank's ``obj``, in rank order (all ranks must call it)."""
     name = name or collectives.tensor_name("object", None, process_set)

@@ -9,6 +9,7 @@ issue order).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -18,6 +19,29 @@ import numpy as np
 from horovod.engine import ops
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
+
+_local = threading.local()
+
+
+def blocking(fn: Callable) -> Callable:
+    """Mark a binding function that waits for every collective it starts before it returns.
+
+    Its collectives are *attended*: the waiting thread drives them itself, so the engine does not wake its
+    background thread for them.  Unmarked (asynchronous) calls wake it, so they progress while the caller computes.
+    """
+    @functools.wraps(fn)
+    def attended_call(*args, **kwargs):
+        _local.depth = getattr(_local, "depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _local.depth -= 1
+    return attended_call
+
+
+def _attended() -> bool:
+    return getattr(_local, "depth", 0) > 0
+
 
 _name_lock = threading.Lock()
 # One counter per process set: ranks outside a set never see its unnamed ops, so a shared counter would drift.
@@ -46,9 +70,13 @@ def group_names(prefix: str, name: Optional[str], count: int, process_set: int =
 
 
 def _runtime():
-    from horovod.common import basics
+    global _basics
+    if _basics is None:
+        from horovod.common import basics as _basics   # imported late: basics imports this module
+    return _basics.runtime()
 
-    return basics.runtime()
+
+_basics = None
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
@@ -76,7 +104,7 @@ def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, 
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
             req.payload = tensor.tobytes()
         entries.append(Entry(req, tensor, outputs[i] if outputs else None, handle, i))
-    runtime.enqueue(entries)
+    runtime.enqueue(entries, _attended())
     return handle
 
 
@@ -179,7 +207,7 @@ def barrier(process_set: int = 0) -> None:
     runtime = _runtime()
     handle = Handle(1, ["barrier"], _single)
     req = Request(rank=runtime.rank, name="barrier.noname", kind=ops.BARRIER, process_set=process_set)
-    runtime.enqueue([Entry(req, None, None, handle)])
+    runtime.enqueue([Entry(req, None, None, handle)], attended=True)
     handle.wait()
 
 
@@ -198,5 +226,5 @@ def process_set_change(kind: int, payload) -> object:
     handle = Handle(1, ["process_set"], _single)
     name = tensor_name("add_process_set" if kind == ops.ADD_PROCESS_SET else "remove_process_set", None)
     req = Request(rank=runtime.rank, name=name, kind=kind, process_set=0, payload=payload)
-    runtime.enqueue([Entry(req, None, None, handle)])
+    runtime.enqueue([Entry(req, None, None, handle)], attended=True)
     return handle.wait()

@@ -58,7 +58,8 @@ KNOBS: Tuple[Knob, ...] = (
          "Batching window in ms: how long the coordinator may hold ready tensors to fuse more of them "
          "(0: dispatch as soon as the data plane is free)."),
     Knob("cache_capacity", int, 1024, "HOROVOD_CACHE_CAPACITY", "--cache-capacity", "params.cache_capacity",
-         "Response cache entries in the original; accepted for compatibility, no effect yet (see NOTES.md)."),
+         "Response cache slots per rank: a repeated request travels as a slot number and skips validation "
+         "(0 disables)."),
     Knob("hierarchical_allreduce", bool, False, "HOROVOD_HIERARCHICAL_ALLREDUCE", "--hierarchical-allreduce",
          "params.hierarchical_allreduce", "Reduce inside each host first, then across hosts.", negatable=True),
     Knob("hierarchical_allgather", bool, False, "HOROVOD_HIERARCHICAL_ALLGATHER", "--hierarchical-allgather",
@@ -129,9 +130,12 @@ KNOBS: Tuple[Knob, ...] = (
          "Elastic jobs: seconds to wait for enough slots (min-np) after a change before failing."),
     Knob("init_timeout_seconds", int, 120, "HOROVOD_INIT_TIMEOUT_SECONDS", None, None,
          "Seconds init() waits for every rank to reach it (slow imports on busy hosts need headroom)."),
-    Knob("inline_bytes", int, 4096, "HOROVOD_INLINE_BYTES", None, None,
+    Knob("inline_bytes", int, 1024, "HOROVOD_INLINE_BYTES", None, None,
          "Allreduces of at most this many bytes travel with their request and are reduced by the coordinator "
          "(one round trip instead of negotiation plus a collective); 0 disables."),
+    Knob("spin_us", float, 100.0, "HOROVOD_SPIN_US", None, None,
+         "Microseconds a rank waiting for its collective re-checks the control plane before it blocks; only when "
+         "every local rank has a core of its own (0 disables)."),
     Knob("small_message_bytes", int, 256 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
          "Below this many bytes collectives use latency-optimal algorithms instead of rings."),
 )

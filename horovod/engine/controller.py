@@ -116,6 +116,16 @@ class ControlPlane:
                 failed.append(peer)
         return failed
 
+    def send_each(self, messages: Dict[int, ControlMessage]) -> List[int]:
+        """Send each peer its own message; returns the ranks that could not be reached."""
+        failed = []
+        for peer, message in messages.items():
+            try:
+                self.send(peer, message)
+            except PeerError:
+                failed.append(peer)
+        return failed
+
     def receive(self, peer: int) -> List[ControlMessage]:
         """Every complete message ``peer`` has sent so far (call when its socket is readable).
 
@@ -143,29 +153,39 @@ class FrameReader:
     """
 
     _LEN = struct.Struct("<Q")
+    _CHUNK = 64 * 1024
 
     def __init__(self, sock: socket.socket, peer: str):
         self.sock, self.peer = sock, peer
         self._buf = bytearray()
+        # recv_into a reused buffer: ``recv(n)`` would allocate (and map) n bytes on every call.
+        self._chunk = bytearray(self._CHUNK)
+        self._view = memoryview(self._chunk)
 
     def read_available(self) -> List[bytes]:
-        try:
-            chunk = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            chunk = None
-        except OSError as exc:
-            raise PeerError(f"control connection to {self.peer} failed: {exc}", peer=self.peer) from exc
-        if chunk is not None:
-            if not chunk:
+        frames = []
+        while True:
+            try:
+                n = self.sock.recv_into(self._view, self._CHUNK, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                raise PeerError(f"control connection to {self.peer} failed: {exc}", peer=self.peer) from exc
+            if not n:
                 raise PeerError(f"{self.peer} closed the control connection (the process exited or crashed)",
                                 peer=self.peer)
-            self._buf += chunk
-        frames = []
-        header = self._LEN.size
-        while len(self._buf) >= header:
-            (n,) = self._LEN.unpack_from(self._buf)
-            if len(self._buf) < header + n:
+            self._buf += self._view[:n]
+            if n < self._CHUNK:
                 break
-            frames.append(bytes(self._buf[header:header + n]))
-            del self._buf[:header + n]
+        header = self._LEN.size
+        buf = self._buf
+        start = 0
+        while len(buf) - start >= header:
+            (n,) = self._LEN.unpack_from(buf, start)
+            if len(buf) - start < header + n:
+                break
+            frames.append(bytes(buf[start + header:start + header + n]))
+            start += header + n
+        if start:
+            del buf[:start]
         return frames

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
@@ -13,39 +14,57 @@ from horovod.engine.messages import Request
 class Handle:
     """Completion of one enqueued operation (one tensor, or a whole group).
 
-    The background thread fills :attr:`results` slot by slot; the handle completes when every slot is
-    filled or the first error arrives.
+    The engine fills :attr:`results` slot by slot; the handle completes when every slot is filled or the first
+    error arrives.  Completion is a plain lock held from creation until then (an ``Event`` costs several times
+    more to create, and a handle is created per collective).
     """
 
-    __slots__ = ("_event", "_lock", "_remaining", "results", "error", "names", "finalize")
+    __slots__ = ("_gate", "_lock", "_remaining", "_done", "results", "error", "names", "finalize", "driver")
 
     def __init__(self, count: int, names: List[str], finalize: Optional[Callable[[List[Any]], Any]] = None):
-        self._event = threading.Event()
+        self._gate = threading.Lock()
+        self._gate.acquire()
         self._lock = threading.Lock()
         self._remaining = count
+        self._done = False
         self.results: List[Any] = [None] * count
         self.error: Optional[BaseException] = None
         self.names = names
         self.finalize = finalize
+        # Set by the engine at enqueue: ``driver(handle, timeout)`` lets the waiting thread make progress itself.
+        self.driver: Optional[Callable[["Handle", Optional[float]], None]] = None
         if count == 0:
-            self._event.set()
+            self._open()
+
+    def _open(self) -> None:
+        if not self._done:
+            self._done = True
+            self._gate.release()
 
     def done(self) -> bool:
         """True once the operation completed (successfully or not)."""
-        return self._event.is_set()
+        return self._done
 
     def complete(self, index: int, value: Any) -> None:
         with self._lock:
             self.results[index] = value
             self._remaining -= 1
             if self._remaining == 0:
-                self._event.set()
+                self._open()
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
             if self.error is None:
                 self.error = error
-            self._event.set()
+            self._open()
+
+    def _wait_done(self, timeout: Optional[float]) -> bool:
+        if self._done:
+            return True
+        if not self._gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return False
+        self._gate.release()   # let any other waiter through too
+        return True
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until done; return the result (a single value, or the list for groups).
@@ -54,7 +73,13 @@ class Handle:
             TimeoutError: not done within ``timeout`` seconds.
             HorovodInternalError: the collective failed (mismatch, peer failure, shutdown).
         """
-        if not self._event.wait(timeout):
+        remaining = timeout
+        if not self._done and self.driver is not None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self.driver(self, timeout)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+        if not self._wait_done(remaining):
             raise TimeoutError(f"collective {self.names[:3]} did not complete within {timeout} s")
         if self.error is not None:
             raise self.error

@@ -25,7 +25,8 @@ class Request:
         process_set: id of the process set.
         group: (group id, group size) for grouped ops, else None.
         splits: for alltoall, rows sent to each member of the set.
-        payload: extra data (process-set ranks for ADD_PROCESS_SET).
+        payload: extra data (process-set ranks for ADD_PROCESS_SET), or the bytes of an inline allreduce.
+        slot: the sender's response-cache slot holding this request, or -1 (see :mod:`horovod.engine.cache`).
     """
 
     rank: int
@@ -41,6 +42,7 @@ class Request:
     group: Optional[Tuple[int, int]] = None
     splits: Optional[Tuple[int, ...]] = None
     payload: object = None
+    slot: int = -1
 
 
 @dataclass
@@ -89,7 +91,7 @@ class ControlMessage:
     """One frame on the control plane: requests up, responses down, or a shutdown notice.
 
     Attributes:
-        requests: new requests (worker → coordinator).
+        requests: new requests (worker → coordinator), in full or as response-cache slots.
         responses: planned responses (coordinator → worker).
         shutdown: the sender is shutting down (or tells everyone to).
         failure: the shutdown is caused by a failure (peer died, crash), not an orderly ``shutdown()``.
@@ -97,7 +99,7 @@ class ControlMessage:
         params: tuned knob values the coordinator broadcasts (autotune).
     """
 
-    requests: List[Request] = field(default_factory=list)
+    requests: List[object] = field(default_factory=list)
     responses: List[Response] = field(default_factory=list)
     shutdown: bool = False
     failure: bool = False

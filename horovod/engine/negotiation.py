@@ -12,8 +12,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+import numpy as np
+
 from horovod.engine import ops
+from horovod.engine.cache import inline_data
 from horovod.engine.messages import ERROR, Request, Response
+from horovod.transport.base import reduce_into
 
 REDUCTIONS = (ops.ALLREDUCE, ops.ADASUM, ops.REDUCESCATTER)
 
@@ -21,6 +25,7 @@ REDUCTIONS = (ops.ALLREDUCE, ops.ADASUM, ops.REDUCESCATTER)
 @dataclass
 class _Pending:
     requests: Dict[int, Request] = field(default_factory=dict)
+    data: Dict[int, Optional[bytes]] = field(default_factory=dict)   # inline allreduce bytes per rank
     first_seen: float = 0.0
 
 
@@ -39,6 +44,10 @@ class ProcessSetState:
     @property
     def active(self) -> Set[int]:
         return set(self.ranks) - self.joined
+
+    @property
+    def active_count(self) -> int:
+        return len(self.ranks) - len(self.joined)
 
 
 def _shape_str(shape: Sequence[int]) -> str:
@@ -118,20 +127,16 @@ def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ())
     return None
 
 
-def reduce_inline(requests: Sequence[Request], set_size: int, joined: bool = False) -> bytes:
+def reduce_inline(requests: Sequence[Request], data: Sequence[bytes], set_size: int, joined: bool = False) -> bytes:
     """Reduce tiny allreduce payloads on the coordinator, with the same arithmetic as the transport path.
 
     Ranks that joined sent nothing and contribute zeros, which leave a sum unchanged; Average still divides by
     the whole set's size.
     """
-    import numpy as np
-
-    from horovod.transport.base import reduce_into
-
     first = requests[0]
     total = None
-    for req in requests:
-        raw = np.frombuffer(req.payload, dtype=ops.storage_dtype(first.dtype))
+    for raw_bytes in data:
+        raw = np.frombuffer(raw_bytes, dtype=ops.storage_dtype(first.dtype))
         if first.dtype == ops.BFLOAT16:
             value = np.empty(raw.size, dtype=np.float32)
             ops.bf16_to_f32(raw, value)
@@ -161,8 +166,11 @@ class Coordinator:
         world_size: number of ranks in the job; process set 0 spans all of them.
     """
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int, cache_capacity: int = 0):
         self.sets: Dict[int, ProcessSetState] = {0: ProcessSetState(0, tuple(range(world_size)))}
+        # (set, name) -> the cached request objects of its last successful negotiation (see engine.cache).
+        self._validated: "OrderedDict[Tuple[int, str], List[Request]]" = OrderedDict()
+        self._validated_capacity = max(0, cache_capacity)
         self._ready: List[Response] = []
         self._next_set_id = 1
         # name -> (error, ranks still expected to submit it): a name used on two process sets at once can never
@@ -175,9 +183,14 @@ class Coordinator:
         self._next_set_id = max(self._next_set_id, set_id + 1)
 
     # -- requests -------------------------------------------------------------------------------------
-    def add(self, req: Request, now: Optional[float] = None) -> None:
-        """Record one rank's request; responses become available through :meth:`take_ready`."""
+    def add(self, req: Request, now: Optional[float] = None, data: Optional[bytes] = None) -> None:
+        """Record one rank's request; responses become available through :meth:`take_ready`.
+
+        ``data``: the bytes of an inline allreduce when ``req`` is a cached template without them.
+        """
         now = time.monotonic() if now is None else now
+        if data is None:
+            data = inline_data(req)
         pset = self.sets.get(req.process_set)
         if pset is None:
             self._ready.append(Response(ERROR, [req.name], req.process_set,
@@ -193,7 +206,8 @@ class Coordinator:
                 pset.joined.clear()
                 pset.last_joined = -1
             return
-        if req.name in self._conflicts or self._conflicting_set(req) is not None:
+        if (self._conflicts and req.name in self._conflicts) or (
+                len(self.sets) > 1 and self._conflicting_set(req) is not None):
             self._reject_conflict(req)
             return
         entry = pset.pending.get(req.name)
@@ -205,6 +219,7 @@ class Coordinator:
                                         error=f"Rank {req.rank} submitted '{req.name}' twice before it completed."))
             return
         entry.requests[req.rank] = req
+        entry.data[req.rank] = data
         self._check(pset, req.name)
 
     def _conflicting_set(self, req: Request) -> Optional[ProcessSetState]:
@@ -245,9 +260,10 @@ class Coordinator:
 
     def _check(self, pset: ProcessSetState, name: str) -> None:
         entry = pset.pending.get(name)
-        if entry is None or not pset.active.issubset(entry.requests):
+        if entry is None or not entry.requests:
             return
-        if not entry.requests:
+        # Requests come only from members, so counting is enough unless some have joined.
+        if len(entry.requests) < pset.active_count or (pset.joined and not pset.active.issubset(entry.requests)):
             return
         del pset.pending[name]
         response = self._respond(pset, name, entry)
@@ -263,17 +279,21 @@ class Coordinator:
             self._ready.extend(members)  # type: ignore[arg-type]
 
     def _respond(self, pset: ProcessSetState, name: str, entry: _Pending) -> Response:
-        requests = [entry.requests[r] for r in sorted(entry.requests)]
+        ranks = sorted(entry.requests)
+        requests = [entry.requests[r] for r in ranks]
         joined = tuple(sorted(pset.joined))
-        error = validate(name, requests, joined)
-        if error is not None:
-            return Response(ERROR, [name], pset.id, error=error)
+        if not (self._validated_capacity and not joined and self._seen_valid(pset.id, name, requests)):
+            error = validate(name, requests, joined)
+            if error is not None:
+                return Response(ERROR, [name], pset.id, error=error)
+            self._remember_valid(pset.id, name, requests)
         first = requests[0]
         resp = Response(first.kind, [name], pset.id, dtype=first.dtype, op=first.op, root=first.root,
                         prescale=first.prescale, postscale=first.postscale, shapes=[tuple(first.shape)],
                         joined=joined, group=first.group[0] if first.group else None)
-        if first.kind == ops.ALLREDUCE and all(isinstance(r.payload, bytes) for r in requests):
-            resp.payload = reduce_inline(requests, len(pset.ranks), bool(joined))
+        data = [entry.data[r] for r in ranks]
+        if first.kind == ops.ALLREDUCE and all(d is not None for d in data):
+            resp.payload = reduce_inline(requests, data, len(pset.ranks), bool(joined))
         elif first.kind == ops.ALLGATHER:
             resp.first_dims = [[entry.requests[r].shape[0] for r in pset.ranks]]
         elif first.kind == ops.ALLTOALL:
@@ -293,6 +313,20 @@ class Coordinator:
             removed = self.sets.pop(first.payload, None)
             resp.payload = (first.payload, removed is not None)
         return resp
+
+    def _seen_valid(self, set_id: int, name: str, requests: List[Request]) -> bool:
+        """Whether exactly these cached request objects were negotiated together successfully before."""
+        known = self._validated.get((set_id, name))
+        return known is not None and len(known) == len(requests) and all(a is b for a, b in zip(known, requests))
+
+    def _remember_valid(self, set_id: int, name: str, requests: List[Request]) -> None:
+        if not self._validated_capacity or any(r.slot < 0 for r in requests):
+            return
+        key = (set_id, name)
+        self._validated[key] = requests
+        self._validated.move_to_end(key)
+        if len(self._validated) > self._validated_capacity:
+            self._validated.popitem(last=False)
 
     def has_ready(self) -> bool:
         return bool(self._ready)

@@ -29,6 +29,8 @@ REDUCIBLE_DTYPES = frozenset(SUPPORTED_DTYPES)
 
 _NUMPY_OF: Dict[str, np.dtype] = {name: np.dtype(name) for name in SUPPORTED_DTYPES if name != BFLOAT16}
 _NUMPY_OF[BFLOAT16] = np.dtype(np.uint16)
+# ``dtype.name`` is computed on every access; the hot path looks the name up instead.
+_NAME_OF: Dict[np.dtype, str] = {dt: name for name, dt in _NUMPY_OF.items() if name != BFLOAT16}
 
 
 def dtype_name(array: np.ndarray, override: Optional[str] = None) -> str:
@@ -37,7 +39,7 @@ def dtype_name(array: np.ndarray, override: Optional[str] = None) -> str:
     Raises:
         ValueError: the dtype is not one the engine can move.
     """
-    name = override or array.dtype.name
+    name = override or _NAME_OF.get(array.dtype) or array.dtype.name
     if name not in _NUMPY_OF:
         raise ValueError(f"Tensor type {name} is not supported. Supported types: {', '.join(SUPPORTED_DTYPES)}.")
     return name

@@ -1,8 +1,18 @@
-"""The background thread: queue → negotiate → fuse → execute → complete handles.
+"""The progress engine: queue → negotiate → fuse → execute → complete handles.
 
-Framework calls only enqueue :class:`Entry` objects and wake the thread through a socketpair.  The thread
-blocks in ``select`` on that socketpair and on the control connections; it never spins.  Rank 0 also runs the
-:class:`Coordinator`: it decides one execution order and sends it to every rank before executing it itself.
+Framework calls enqueue :class:`Entry` objects (workers send their requests to the coordinator straight from the
+calling thread).  Progress — reading the control connections, negotiating on rank 0, executing responses — is
+made by whichever thread holds the *drive* lock, one at a time:
+
+* a caller that waits on a handle drives progress itself when nobody else is (leader/follower), so a blocking
+  collective costs no thread hand-off at all;
+* otherwise the background thread drives, for as long as anything is in flight (asynchronous collectives keep
+  overlapping with the caller's computation) and, on the coordinator, for process sets it serves but is not in.
+
+An idle background thread parks on a condition variable and polls the control connections about once a second
+(heartbeats, shutdown notices, stall checks).  Whoever drives blocks in ``select`` on the control connections
+and a wake-up socketpair; nothing spins.  Rank 0 also runs the :class:`Coordinator`: it decides one execution
+order and sends it to the members of each process set before executing it itself.
 """
 from __future__ import annotations
 
@@ -14,15 +24,17 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from horovod.common.spin import Spinner, default_budget_us
 from horovod.common.exceptions import HorovodInternalError, MismatchError, PeerFailureError, ShutdownError
 from horovod.engine import fusion, ops
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.executor import Executor
 from horovod.engine.autotune import Autotuner
+from horovod.engine.cache import CoordinatorCache, RequestCache
 from horovod.engine.handles import Entry
 from horovod.engine.liveness import Liveness
-from horovod.engine.messages import ERROR, ControlMessage, Response
+from horovod.engine.messages import ERROR, ControlMessage, Request, Response
 from horovod.engine.negotiation import Coordinator
 from horovod.engine.timeline import Timeline
 from horovod.transport.base import Transport, TransportError
@@ -71,7 +83,9 @@ class Runtime:
         self.world = world
         self.control = control
         self.sets: Dict[int, ProcessSetInfo] = {0: ProcessSetInfo(0, range(size), world)}
-        self.coordinator = Coordinator(size) if rank == 0 else None
+        self.coordinator = Coordinator(size, config.cache_capacity) if rank == 0 else None
+        self.request_cache = RequestCache(config.cache_capacity)   # this rank's own requests
+        self.mirror_cache = CoordinatorCache() if rank == 0 else None   # rank 0: every worker's slots
         for i, ranks in enumerate(static_sets, start=1):
             self._register_set(i, ranks)
         self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for)
@@ -84,11 +98,23 @@ class Runtime:
         self._dead: Optional[BaseException] = None
         self._stop_requested = False
         self._held: List[Response] = []
+        self._outbox: List[Request] = []   # a worker's asynchronous requests, sent by the next driver
+        self._outbox_lock = threading.Lock()
         self._held_since = 0.0
         self._last_stall_check = time.monotonic()
         self.liveness = Liveness(control.peers, control.send_bytes, config.gloo_timeout_seconds)
         self.autotuner = Autotuner(config, config.autotune_log) if config.autotune and rank == 0 else None
         self._tuned: Optional[dict] = None   # knob values to announce with the next responses
+        # Progress: one driver at a time (see the module docstring).
+        self._drive = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        for peer, sock in control.peers.items():
+            self._selector.register(sock, selectors.EVENT_READ, peer)
+        self._park = threading.Condition(threading.Lock())
+        self._background_wanted = False
+        # Only a waiting caller spins: the background thread must leave the GIL to the caller's computation.
+        self._spinner = Spinner(default_budget_us(config.topology.local_size, config.spin_us))
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -102,6 +128,7 @@ class Runtime:
         with self._lock:
             self._stop_requested = True
         self._wake()
+        self._call_background()
         self._thread.join(timeout)
         self._close_all()
 
@@ -125,8 +152,11 @@ class Runtime:
         return self.sets[set_id].transport
 
     # -- enqueue (user threads) -----------------------------------------------------------------------
-    def enqueue(self, entries: List[Entry]) -> None:
+    def enqueue(self, entries: List[Entry], attended: bool = False) -> None:
         """Queue entries for negotiation.
+
+        ``attended``: the caller waits on these handles right away and so drives their progress itself; the
+        background thread is not woken (waking it costs more than the whole collective on a small host).
 
         Raises:
             ValueError: a name is already in flight, or this rank is not a member of the process set.
@@ -155,19 +185,39 @@ class Runtime:
                 keys.append(key)
             for key, entry in zip(keys, entries):
                 self._inflight[key] = entry
+                entry.handle.driver = self.drive
             direct = [e.request for e in entries]
         if self.coordinator is not None:
             self._coordinate_from_caller(direct)
+            if not attended:
+                self._call_background()
             return
-        # Workers talk to the coordinator straight from the calling thread: no hand-off to the background
-        # thread on the latency-critical path.  The background thread only executes what comes back.
+        if not attended:
+            # Whoever drives next sends them: a burst of asynchronous calls leaves in one control message.
+            with self._outbox_lock:
+                first = not self._outbox
+                self._outbox.extend(direct)
+            if first and self._drive.locked():
+                self._wake()   # whoever drives may be blocked in select: it must send these first
+            self._call_background()
+            return
+        # A caller that is about to wait sends straight away (with anything queued before, to keep the order).
         try:
-            self.control.send(0, ControlMessage(requests=direct))
+            self._flush_outbox(direct)
         except PeerError as exc:
             with self._lock:
                 for entry in entries:
                     self._inflight.pop((entry.request.process_set, entry.request.name), None)
             raise PeerFailureError(f"cannot reach the coordinator (rank 0): {exc}. {SHUTDOWN_MESSAGE}") from exc
+
+    def _flush_outbox(self, more=()) -> None:
+        """Send queued requests (then ``more``) to the coordinator in one message."""
+        with self._outbox_lock:
+            batch = self._outbox + list(more) if self._outbox else list(more)
+            if not batch:
+                return
+            self._outbox = []
+            self.control.send(0, ControlMessage(requests=[self.request_cache.encode(r) for r in batch]))
 
     def _coordinate_from_caller(self, requests) -> None:
         """Rank 0 records its own requests directly; the background thread is woken only when something is ready.
@@ -178,14 +228,16 @@ class Runtime:
         with self._coord_lock:
             for req in requests:
                 self.timeline.negotiate(req, now)
-                self.coordinator.add(req, now)
+                template, data, _ = self.request_cache.canonical(req)
+                self.coordinator.add(template, now, data)
             if self.size == 1:
                 ready = self.coordinator.take_ready()
                 self.timeline.negotiated(ready, now)
                 self._execute_all(fusion.plan(ready, self.config.fusion_threshold, self.config.disable_group_fusion))
                 return
             ready = self.coordinator.has_ready()
-        if ready:
+        if ready and self._drive.locked():
+            # Whoever drives may be blocked in select; otherwise the next driver sees the work before selecting.
             self._wake()
 
     def _wake(self) -> None:
@@ -210,51 +262,139 @@ class Runtime:
         except (OSError, ValueError) as exc:
             logger.warning("could not pin the background thread to core %s: %s", cores[local_rank], exc)
 
+    # -- progress -------------------------------------------------------------------------------------
+    def drive(self, handle, timeout: Optional[float] = None) -> None:
+        """Make progress from the calling thread until ``handle`` is done, if nobody else is driving.
+
+        Returns early (the caller then waits on the handle) when another thread drives: that thread keeps driving
+        while anything is in flight, or hands over to the background thread when it stops.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._drive.acquire(blocking=False):
+            return
+        try:
+            while not handle.done():
+                wait = self._select_timeout()
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    wait = remaining if wait is None else min(wait, remaining)
+                if not self._guarded_step(wait, spin=True):
+                    return
+        finally:
+            self._drive.release()
+            # Checked after releasing, so an entry enqueued while we drove is never left without a driver.
+            if self._needs_background():
+                self._call_background()
+
+    def _needs_background(self) -> bool:
+        """Whether progress must continue without a waiting caller."""
+        if self._dead is not None:
+            return False
+        if self._inflight or self._stop_requested:
+            return True
+        coord = self.coordinator
+        # Rank 0 serves process sets it is not a member of, and holds responses during a cycle-time window.
+        return coord is not None and (bool(self._held) or coord.has_ready() or
+                                      any(not info.included(self.rank) for info in self.sets.values()))
+
+    def _call_background(self) -> None:
+        with self._park:
+            self._background_wanted = True
+            self._park.notify()
+
+    def _park_background(self) -> bool:
+        """Block the background thread until it is needed; False when woken only by the idle-poll timer."""
+        period = min(1.0, self.liveness.interval)
+        with self._park:
+            while not self._background_wanted and not self._needs_background():
+                if not self._park.wait(period):
+                    return False
+            self._background_wanted = False
+            return True
+
     def _run(self) -> None:
         self._pin_thread()
-        sel = selectors.DefaultSelector()
-        sel.register(self._wake_r, selectors.EVENT_READ, None)
-        for peer, sock in self.control.peers.items():
-            sel.register(sock, selectors.EVENT_READ, peer)
         try:
-            while True:
-                events = sel.select(self._select_timeout())
-                readable = []
-                for key, _ in events:
-                    if key.data is None:
-                        try:
-                            while self._wake_r.recv(4096):
-                                pass
-                        except (BlockingIOError, OSError):
-                            pass
-                    else:
-                        readable.append(key.data)
-                        self.liveness.heard(key.data)
-                with self._lock:
-                    stop = self._stop_requested
-                if stop:
-                    self._leave(SHUTDOWN_MESSAGE)
+            while self._dead is None:
+                needed = self._park_background()
+                if self._dead is not None:
                     return
-                if self.coordinator is not None:
-                    if not self._coordinate(readable):
+                # A caller that drives polls as it goes; when it is done it calls us back if anything else is
+                # still in flight.
+                if not self._drive.acquire(blocking=needed, timeout=1.0 if needed else -1):
+                    continue
+                try:
+                    if not needed and not self._guarded_step(0.0):   # idle poll: heartbeats, notices, stalls
                         return
-                elif not self._follow(readable):
-                    return
-                silent = self.liveness.silent()
-                if silent:
-                    peer, quiet = silent[0]
-                    self._die(PeerFailureError(
-                        f"rank {peer} has not been heard from for {quiet:.0f} s (its process is frozen, its host is "
-                        f"unreachable, or it is overloaded; HOROVOD_GLOO_TIMEOUT_SECONDS="
-                        f"{self.config.gloo_timeout_seconds}). {SHUTDOWN_MESSAGE}"), notify=True)
-                    return
+                    while self._needs_background():
+                        if not self._guarded_step(self._select_timeout()):
+                            return
+                finally:
+                    self._drive.release()
+        finally:
+            if self._dead is not None or self._stop_requested:
+                try:
+                    self._selector.close()
+                except (OSError, ValueError):
+                    pass
+
+    def _guarded_step(self, timeout: Optional[float], spin: bool = False) -> bool:
+        """:meth:`_step`, turning failures into the engine's death; False once the engine is finished."""
+        if self._dead is not None:
+            return False
+        try:
+            return self._step(timeout, spin)
         except (PeerError, TransportError, OSError) as exc:
             self._die(PeerFailureError(self._describe_failure(exc)), notify=True)
         except BaseException as exc:  # a bug must fail the handles loudly, not hang them
-            logger.exception("horovod background thread crashed")
+            logger.exception("horovod progress engine crashed")
             self._die(HorovodInternalError(f"Horovod background thread crashed: {exc!r}"), notify=True)
-        finally:
-            sel.close()
+        return False
+
+    def _step(self, timeout: Optional[float], spin: bool = False) -> bool:
+        """One round: wait up to ``timeout`` for control traffic, then negotiate and execute what is ready."""
+        coord = self.coordinator
+        if self._outbox:
+            self._flush_outbox()
+        if coord is not None and coord.has_ready():
+            timeout = 0.0
+        events = None
+        if spin and timeout != 0.0:
+            events = self._spinner.spin(lambda: self._selector.select(0))
+        if events is None:
+            events = self._selector.select(timeout)
+        readable = []
+        for key, _ in events:
+            if key.data is None:
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+            else:
+                readable.append(key.data)
+                self.liveness.heard(key.data)
+        with self._lock:
+            stop = self._stop_requested
+        if stop:
+            self._leave(SHUTDOWN_MESSAGE)
+            return False
+        if coord is not None:
+            if not self._coordinate(readable):
+                return False
+        elif not self._follow(readable):
+            return False
+        silent = self.liveness.silent()
+        if silent:
+            peer, quiet = silent[0]
+            self._die(PeerFailureError(
+                f"rank {peer} has not been heard from for {quiet:.0f} s (its process is frozen, its host is "
+                f"unreachable, or it is overloaded; HOROVOD_GLOO_TIMEOUT_SECONDS="
+                f"{self.config.gloo_timeout_seconds}). {SHUTDOWN_MESSAGE}"), notify=True)
+            return False
+        return True
 
     def _select_timeout(self) -> Optional[float]:
         timeouts = [self.liveness.next_check_in()] if self.control.peers else []
@@ -284,9 +424,10 @@ class Runtime:
                 if self._obey_shutdown(msg):
                     return False
                 with self._coord_lock:
-                    for req in msg.requests:
+                    for wire in msg.requests:
+                        req, data = self.mirror_cache.decode(peer, wire)
                         self.timeline.negotiate(req, now)
-                        coord.add(req, now)
+                        coord.add(req, now, data)
         with self._coord_lock:
             self._inspect_stalls(now)
             ready = coord.take_ready()
@@ -300,7 +441,7 @@ class Runtime:
             planned = fusion.plan(self._held, self.config.fusion_threshold, self.config.disable_group_fusion)
             self._held = []
             params, self._tuned = self._tuned, None
-            failed = self.control.broadcast(ControlMessage(responses=planned, params=params))
+            failed = self._send_responses(planned, params)
             if failed:
                 self._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
                                            f"{SHUTDOWN_MESSAGE}"), notify=True)
@@ -309,6 +450,24 @@ class Runtime:
             if self.autotuner is not None:
                 self._autotune(planned, now)
         return True
+
+    def _send_responses(self, planned: List[Response], params: Optional[dict]) -> List[int]:
+        """Send each response to the members of its process set; returns the ranks that could not be reached.
+
+        Non-members never see a set's traffic: an idle rank that is not reading its connection must not have it
+        filled by collectives it takes no part in.
+        """
+        everyone = list(self.control.peers)
+        if all(resp.process_set == 0 or resp.process_set not in self.sets for resp in planned):
+            return self.control.broadcast(ControlMessage(responses=planned, params=params))
+        per_peer: Dict[int, List[Response]] = {peer: [] for peer in everyone}
+        for resp in planned:
+            info = self.sets.get(resp.process_set)
+            for peer in (everyone if info is None else [r for r in info.ranks if r in per_peer]):
+                per_peer[peer].append(resp)
+        messages = {peer: ControlMessage(responses=resps, params=params)
+                    for peer, resps in per_peer.items() if resps or params}
+        return self.control.send_each(messages)
 
     def _autotune(self, planned: List[Response], now: float) -> None:
         nbytes = sum(fusion.response_bytes(r) for r in planned if r.kind in fusion.FUSIBLE)

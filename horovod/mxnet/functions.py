@@ -13,6 +13,7 @@ from horovod.common.objects import broadcast_object as _broadcast_object
 from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
 from horovod.engine import collectives
 from horovod.mxnet.mpi_ops import to_numpy, write_back
+from horovod.engine.collectives import blocking
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def _param_types() -> Tuple[type, ...]:
     return (dict, param_dict) if param_dict is not None else (dict,)
 
 
+@blocking
 def _broadcast_arrays(groups: Sequence[List[mx.nd.NDArray]], names: Sequence[str], root_rank: int) -> None:
     """Broadcast ``groups[i][0]`` from ``root_rank`` under ``names[i]`` and write it into every array of group i.
 

@@ -28,6 +28,7 @@ from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  
 from horovod.common.util import handle_average_backwards_compatibility
 from horovod.engine import collectives
 from horovod.engine.handles import Handle
+from horovod.engine.collectives import blocking
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def _allreduce_async(arrays: Sequence[np.ndarray], names: Sequence[str], op, pre
                                        outputs=list(arrays), grouped=grouped)
 
 
+@blocking
 def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> NDArray:
@@ -121,6 +123,7 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
     return from_numpy(host, tensor)
 
 
+@blocking
 def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> NDArray:
@@ -133,6 +136,7 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
     return write_back(tensor, host)
 
 
+@blocking
 def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None, name: Optional[str] = None,
                       priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
@@ -148,6 +152,7 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None
     return [from_numpy(h, t) for h, t in zip(hosts, tensors)]
 
 
+@blocking
 def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = None, name: Optional[str] = None,
                        priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
@@ -164,6 +169,7 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
 
 
 # -- allgather -------------------------------------------------------------------------------------------------
+@blocking
 def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ); a new NDArray."""
@@ -174,6 +180,7 @@ def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
     return from_numpy(result, tensor)
 
 
+@blocking
 def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, priority: int = 0,
                       process_set: ProcessSet = global_process_set) -> List[NDArray]:
     """:func:`allgather` of a list of NDArrays as one atomic group."""
@@ -188,6 +195,7 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
 
 
 # -- broadcast -------------------------------------------------------------------------------------------------
+@blocking
 def _broadcast_host(tensor: NDArray, root_rank: int, name: Optional[str], process_set, what: str) -> np.ndarray:
     host = to_numpy(tensor, what)
     collectives.broadcast_async([host], [op_name("broadcast", name, process_set)], root_rank,
@@ -211,6 +219,7 @@ def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, prio
 
 
 # -- alltoall --------------------------------------------------------------------------------------------------
+@blocking
 def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority: int = 0,
              process_set: ProcessSet = global_process_set) -> Union[NDArray, Tuple[NDArray, NDArray]]:
     """Send rows ``splits[p]`` of ``tensor`` to member p of the set and gather what the others send here.
@@ -238,6 +247,7 @@ def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority:
 
 
 # -- reducescatter ---------------------------------------------------------------------------------------------
+@blocking
 def reducescatter(tensor: NDArray, op: int = Average, name: Optional[str] = None, priority: int = 0,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> NDArray:
@@ -250,6 +260,7 @@ def reducescatter(tensor: NDArray, op: int = Average, name: Optional[str] = None
     return from_numpy(np.ascontiguousarray(result), tensor)
 
 
+@blocking
 def grouped_reducescatter(tensors: Sequence[NDArray], op: int = Average, name: Optional[str] = None,
                           priority: int = 0, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> List[NDArray]:

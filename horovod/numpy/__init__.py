@@ -24,6 +24,7 @@ from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  
 from horovod.common.util import handle_average_backwards_compatibility
 from horovod.engine import collectives
 from horovod.engine.handles import HandleTable
+from horovod.engine.collectives import blocking
 
 _handles = HandleTable()
 
@@ -56,6 +57,7 @@ def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None, p
         postscale=postscale_factor, process_set=_set_id(process_set), outputs=[np.empty_like(t)]))
 
 
+@blocking
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
               process_set=global_process_set) -> np.ndarray:
     """Reduce ``tensor`` across ranks (default: average) and return the result."""
@@ -72,6 +74,7 @@ def allreduce_async_(tensor: np.ndarray, average=None, name=None, op=None, presc
         postscale=postscale_factor, process_set=_set_id(process_set), outputs=[tensor]))
 
 
+@blocking
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set) -> np.ndarray:
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
@@ -93,6 +96,7 @@ def grouped_allreduce_async(tensors: Sequence, average=None, name=None, op=None,
         process_set=_set_id(process_set), outputs=[np.empty_like(a) for a in arrays], grouped=True))
 
 
+@blocking
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set) -> List[np.ndarray]:
     return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
@@ -110,6 +114,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
         process_set=_set_id(process_set), outputs=list(tensors), grouped=True))
 
 
+@blocking
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set) -> List[np.ndarray]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
@@ -123,6 +128,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
                                                     process_set=_set_id(process_set)))
 
 
+@blocking
 def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
     return synchronize(allgather_async(tensor, name, process_set))
 
@@ -133,6 +139,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     return _handles.add(collectives.allgather_async(arrays, names, process_set=_set_id(process_set), grouped=True))
 
 
+@blocking
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> List[np.ndarray]:
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
@@ -145,6 +152,7 @@ def broadcast_async(tensor, root_rank: int, name=None, process_set=global_proces
                                                     process_set=_set_id(process_set), outputs=[t.copy()]))
 
 
+@blocking
 def broadcast(tensor, root_rank: int, name=None, process_set=global_process_set) -> np.ndarray:
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
@@ -155,6 +163,7 @@ def broadcast_async_(tensor, root_rank: int, name=None, process_set=global_proce
                                                     root_rank, process_set=_set_id(process_set), outputs=[tensor]))
 
 
+@blocking
 def broadcast_(tensor, root_rank: int, name=None, process_set=global_process_set) -> np.ndarray:
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
@@ -166,6 +175,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
                                                    process_set=_set_id(process_set)))
 
 
+@blocking
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Returns ``output`` when ``splits`` is None, else ``(output, received_splits)``."""
     output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
@@ -180,6 +190,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
         postscale=postscale_factor, process_set=_set_id(process_set)))
 
 
+@blocking
 def reducescatter(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                   postscale_factor=1.0) -> np.ndarray:
     return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
@@ -194,6 +205,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         process_set=_set_id(process_set), grouped=True))
 
 
+@blocking
 def grouped_reducescatter(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0) -> List[np.ndarray]:
     return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
@@ -206,6 +218,7 @@ def barrier(process_set=global_process_set) -> None:
     collectives.barrier(_set_id(process_set))
 
 
+@blocking
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data; returns the rank that joined last.
 

@@ -36,6 +36,7 @@ import tensorflow as tf
 from horovod.common.basics import NOT_INITIALIZED
 from horovod.common.exceptions import HorovodInternalError
 from horovod.engine import ops as engine_ops
+from horovod.engine.collectives import blocking
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def run(kernel: Kernel, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DTy
     if executing_eagerly():
         arrays = [to_numpy(t) for t in inputs]
         try:
-            results = kernel(*arrays)
+            results = _attended(kernel, arrays)
         except (HorovodInternalError, ValueError) as exc:
             raise translate_error(exc) from exc
         return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, out_dtypes)]
@@ -169,13 +170,19 @@ def _graph_kernel(kernel: Kernel, out_dtypes: Sequence[tf.DType], tf1_graph: boo
     def call(*arrays):
         _local.tf1_graph = tf1_graph
         try:
-            results = kernel(*arrays)
+            results = _attended(kernel, arrays)
         finally:
             _local.tf1_graph = False
         # numpy_function insists on exact dtypes and ndarray (not numpy scalar) results.
         return [np.asarray(r, dtype=dt) for r, dt in zip(results, numpy_dtypes)]
 
     return call
+
+
+@blocking
+def _attended(kernel: Kernel, arrays):
+    """Run a kernel: each one waits for the collectives it starts, so it drives them itself."""
+    return kernel(*arrays)
 
 
 def wait(handle):

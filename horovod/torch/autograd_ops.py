@@ -18,6 +18,7 @@ from horovod.common.basics import Average, rank
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.torch import mpi_ops as _ops
 from horovod.torch.compression import Compression
+from horovod.engine.collectives import blocking
 
 
 def _set_size(process_set: ProcessSet) -> int:
@@ -71,6 +72,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         return (None, None, None, None, None, None, *grads)
 
 
+@blocking
 def allreduce(tensor: torch.Tensor, average=None, name: Optional[str] = None, compression=Compression.none,
               op=None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
@@ -94,6 +96,7 @@ def allreduce(tensor: torch.Tensor, average=None, name: Optional[str] = None, co
     return compression.decompress(reduced, ctx)
 
 
+@blocking
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average=None, name: Optional[str] = None,
                       compression=Compression.none, op=None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
@@ -144,6 +147,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
         return (None, None, *grads)
 
 
+@blocking
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dimension 0 (differentiable).
@@ -153,6 +157,7 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
+@blocking
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
     """Allgather a list of tensors as one group (differentiable)."""
@@ -178,6 +183,7 @@ class HorovodBroadcast(torch.autograd.Function):
         return reduced, None, None, None
 
 
+@blocking
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return a copy of ``root_rank``'s ``tensor`` on every rank (differentiable; root is a global rank)."""
@@ -204,6 +210,7 @@ class HorovodAlltoall(torch.autograd.Function):
         return grad, None, None, None
 
 
+@blocking
 def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set):
     """Scatter row blocks of ``tensor`` to the ranks of the set and gather theirs (differentiable).
@@ -258,6 +265,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
+@blocking
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none, op=Average,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
@@ -274,6 +282,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=
     return compression.decompress(out, ctx)
 
 
+@blocking
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                           compression=Compression.none, op=Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,

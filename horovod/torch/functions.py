@@ -9,8 +9,10 @@ from horovod.common import objects as _objects
 from horovod.common.basics import rank
 from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
 from horovod.torch.mpi_ops import broadcast_async_, synchronize
+from horovod.engine.collectives import blocking
 
 
+@blocking
 def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable], root_rank: int) -> None:
     """Overwrite every rank's parameters with ``root_rank``'s, in place.
 
@@ -108,6 +110,7 @@ def _state_layout(optimizer: torch.optim.Optimizer) -> List[Dict[str, Any]]:
     return layout
 
 
+@blocking
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model=None) -> None:
     """Overwrite every rank's optimizer state and options (learning rate, momentum, ...) with ``root_rank``'s.
 

@@ -27,6 +27,7 @@ from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  
                                          global_process_set, remove_process_set)
 from horovod.common.util import handle_average_backwards_compatibility  # noqa: F401  (re-exported)
 from horovod.engine import collectives
+from horovod.engine.collectives import blocking
 from horovod.engine.handles import HandleTable
 from horovod.torch.staging import Staged, overrides, to_torch
 
@@ -141,6 +142,7 @@ def allreduce_async_(tensor: torch.Tensor, average=None, name: Optional[str] = N
                             prescale_factor, postscale_factor, process_set, inplace=True, grouped=False)
 
 
+@blocking
 def allreduce_(tensor: torch.Tensor, average=None, name: Optional[str] = None, op=None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
@@ -166,6 +168,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average=None, name
                             inplace=True, grouped=True)
 
 
+@blocking
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average=None, name: Optional[str] = None, op=None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
@@ -259,6 +262,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
     return _broadcast_async(tensor, root_rank, name, process_set, inplace=True)
 
 
+@blocking
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """In-place, blocking broadcast; returns ``tensor``."""
@@ -329,6 +333,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
 
 
 # -- synchronisation -------------------------------------------------------------------------------------
+@blocking
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data and wait until every rank has joined.
 
@@ -349,6 +354,7 @@ def join(device: int = -1) -> int:
         raise HorovodInternalError(str(exc)) from exc
 
 
+@blocking
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the process set has reached the barrier."""
     try:

@@ -53,6 +53,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from horovod.common.spin import Spinner, default_budget_us
 from horovod.transport import sockets as _sk
 from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, LocalTransport, Transport, TransportError, \
     register
@@ -76,7 +77,6 @@ _LEN = struct.Struct("<Q")
 _ONE = struct.pack("<Q", 1)
 _POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
 _IO_CHUNK = 4 * MIB
-_SPIN_BACKOFF_MAX = 64  # waits without spinning after repeated fruitless spins
 _TSO_MACHINES = {"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"}
 _LIVE_NODES: "weakref.WeakSet[_Node]" = weakref.WeakSet()
 
@@ -93,13 +93,6 @@ if hasattr(os, "register_at_fork"):
 
 def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 _UFUNCS = {SUM: np.add, MIN: np.minimum, MAX: np.maximum, PRODUCT: np.multiply}
@@ -258,7 +251,6 @@ class _Node:
         self.backing = str(opts.get("shm_backing", "memfd"))
         if self.backing not in ("memfd", "file"):
             raise ValueError(f"shm_backing must be 'memfd' or 'file', got {self.backing!r}")
-        self.cpus = _usable_cpus()
         self.wake_r, self.wake_w = _make_wake()
         self.peers: Dict[int, _Peer] = {}
         self.gone: set = set()  # world ranks whose socket hung up
@@ -458,9 +450,8 @@ class ShmTransport(Transport):
         self._chunk_bytes = min(node.chunk_bytes, self._half_bytes)
         self._small_bytes = node.small_bytes
         # spinning pays only when no rank on this host (in any group) has to wait for a core
-        spin = node.spin_us if node.spin_us is not None else (DEFAULT_SPIN_US if node.size <= node.cpus else 0.0)
-        self._spin_s = float(spin) * 1e-6
-        self._spin_skip = self._spin_backoff = 0
+        self._spinner = Spinner(node.spin_us if node.spin_us is not None
+                                else default_budget_us(node.size, DEFAULT_SPIN_US))
         self._peers = [q for q in range(self.size) if q != self.rank]
         self._wake_fds = [node.peers[members[q]].wake_fd for q in self._peers]
         self._poller = select.poll()
@@ -573,20 +564,14 @@ class ShmTransport(Transport):
         pending = [q for q in (self._peers if who is None else who) if seqs[q][0] < target]
         if not pending:
             return
-        if self._spin_s:
-            if self._spin_skip:
-                self._spin_skip -= 1
-            else:
-                end = time.perf_counter() + self._spin_s
-                while True:
-                    pending = [q for q in pending if seqs[q][0] < target]
-                    if not pending:
-                        self._spin_backoff = 0
-                        return
-                    if time.perf_counter() > end:
-                        break
-                # The peer was not about to arrive (it is descheduled or just slower): spin less often for a while.
-                self._spin_backoff = self._spin_skip = min(_SPIN_BACKOFF_MAX, 2 * self._spin_backoff or 1)
+
+        def arrived() -> bool:
+            nonlocal pending
+            pending = [q for q in pending if seqs[q][0] < target]
+            return not pending
+
+        if self._spinner.spin(arrived):
+            return
         self._block(target, pending)
 
     def _block(self, target: int, pending: List[int]) -> None:

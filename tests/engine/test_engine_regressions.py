@@ -136,7 +136,7 @@ def join_inline_worker() -> dict:
 
 def test_joined_ranks_contribute_zeros_whatever_the_tensor_size():
     """Fixed in 0b47057. Was: with a joined rank, tiny allreduces disagree with large ones for Min/Max/Product:
-    horovod/engine/negotiation.py reduce_inline() (tensors <= HOROVOD_INLINE_BYTES, default 4096) reduces only
+    horovod/engine/negotiation.py reduce_inline() (tensors <= HOROVOD_INLINE_BYTES) reduces only
     the active ranks' payloads, while the transport path (executor) stages zeros for joined ranks as the
     contract says ('joined ranks contribute zeros'); e.g. np=3, rank 0 joined, ranks 1,2 send 2.0 and 3.0: Min
     of 4 floats = 2.0 but Min of 4096 floats = 0.0
@@ -297,3 +297,46 @@ def test_disjoint_process_sets_may_use_the_same_name_concurrently(named):
     sums = {0: 4.0, 2: 4.0, 1: 6.0, 3: 6.0}  # 1 + 3 on the evens, 2 + 4 on the odds
     for rank, out in enumerate(results):
         assert out["outcome"] == ("ok", [sums[rank]] * 3), (rank, out["outcome"])
+
+
+# ------------------------------------------------------------------------------------------------ progress hand-off
+def async_while_driving_worker() -> dict:
+    import os
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    hvd.init()
+    size = hvd.size()
+    out = {}
+    if rank == 0:
+        # "b" must complete before rank 0 even submits "a": rank 1's request for "b" has to leave while its
+        # background thread is blocked waiting for the outcome of "a".
+        time.sleep(0.3)
+        hb = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="b")
+        t0 = time.monotonic()
+        out["b"] = hvd.synchronize(hb).tolist()
+        out["b_seconds"] = time.monotonic() - t0
+        out["a"] = hvd.allreduce(np.ones(2), op=hvd.Sum, name="a").tolist()
+    else:
+        ha = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="a")
+        time.sleep(0.1)   # the background thread is now driving "a", blocked in select
+        hb = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="b")
+        out["b"] = hvd.synchronize(hb).tolist()
+        out["a"] = hvd.synchronize(ha).tolist()
+    hvd.shutdown()
+    out["size"] = size
+    return out
+
+
+def test_async_request_leaves_while_the_background_thread_waits():
+    """Fixed before release. Was: an asynchronous request queued while the background thread was blocked in
+    select waited there until unrelated control traffic (a heartbeat, seconds later) woke the thread.
+    """
+    for out in run(async_while_driving_worker, 2, "tcp", env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "60"}):
+        assert out["a"] == out["b"] == [2.0, 2.0]
+        if "b_seconds" in out:
+            assert out["b_seconds"] < 2.0, f"'b' took {out['b_seconds']:.1f} s: the request sat in a queue"

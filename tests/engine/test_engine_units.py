@@ -354,11 +354,11 @@ def test_coordinator_stall_inspection_names_missing_ranks():
 def test_reduce_inline_matches_numpy():
     xs = [np.arange(5, dtype=np.int32) * (r + 1) - 3 for r in range(3)]
     reqs = [req(r, op=ops.Average, dtype="int32", shape=(5,), payload=x.tobytes()) for r, x in enumerate(xs)]
-    got = np.frombuffer(negotiation.reduce_inline(reqs, 3), dtype=np.int32)
+    got = np.frombuffer(negotiation.reduce_inline(reqs, [r.payload for r in reqs], 3), dtype=np.int32)
     assert got.tolist() == np.trunc(np.sum(xs, axis=0) / 3).astype(np.int32).tolist()
     reqs = [req(r, op=ops.Max, dtype="float64", shape=(5,), payload=x.astype(np.float64).tobytes())
             for r, x in enumerate(xs)]
-    got = np.frombuffer(negotiation.reduce_inline(reqs, 3), dtype=np.float64)
+    got = np.frombuffer(negotiation.reduce_inline(reqs, [r.payload for r in reqs], 3), dtype=np.float64)
     assert got.tolist() == np.max(xs, axis=0).astype(np.float64).tolist()
 
 
