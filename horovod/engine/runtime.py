@@ -102,6 +102,9 @@ class Runtime:
         self._outbox_lock = threading.Lock()
         self._held_since = 0.0
         self._last_stall_check = time.monotonic()
+        # How often the coordinator inspects stalls (the stall knobs are never tuned at run time).
+        self._stall_every = float(max(1, min(config.stall_check_time_seconds,
+                                             config.stall_shutdown_time_seconds or config.stall_check_time_seconds)))
         self.liveness = Liveness(control.peers, control.send_bytes, config.gloo_timeout_seconds)
         self.autotuner = Autotuner(config, config.autotune_log) if config.autotune and rank == 0 else None
         self._tuned: Optional[dict] = None   # knob values to announce with the next responses
@@ -405,8 +408,7 @@ class Runtime:
         return min(timeouts) if timeouts else None
 
     def _stall_period(self) -> float:
-        return float(max(1, min(self.config.stall_check_time_seconds,
-                                self.config.stall_shutdown_time_seconds or self.config.stall_check_time_seconds)))
+        return self._stall_every
 
     def _describe_failure(self, exc: BaseException) -> str:
         return (f"Horovod detected that a peer failed during a collective on rank {self.rank}: {exc}. "
@@ -429,7 +431,8 @@ class Runtime:
                         self.timeline.negotiate(req, now)
                         coord.add(req, now, data)
         with self._coord_lock:
-            self._inspect_stalls(now)
+            if now - self._last_stall_check >= self._stall_every:
+                self._inspect_stalls(now)
             ready = coord.take_ready()
         if ready:
             self.timeline.negotiated(ready, now)

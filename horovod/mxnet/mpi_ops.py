@@ -115,11 +115,8 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
     Returns:
         A new NDArray of the same shape, dtype and context.
     """
-    op = handle_average_backwards_compatibility(op, average)
-    _priority(priority)
-    host = to_numpy(tensor, "allreduce")
-    _allreduce_async([host], [op_name("allreduce", name, process_set)], op, prescale_factor, postscale_factor,
-                     process_set, grouped=False).wait()
+    host = _reduce_one(tensor, "allreduce", average, name, priority, prescale_factor, postscale_factor,
+                       process_set, op)
     return from_numpy(host, tensor)
 
 
@@ -128,12 +125,20 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> NDArray:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
+    host = _reduce_one(tensor, "allreduce_", average, name, priority, prescale_factor, postscale_factor,
+                       process_set, op)
+    return write_back(tensor, host)
+
+
+def _reduce_one(tensor: NDArray, what: str, average, name, priority, prescale_factor, postscale_factor,
+                process_set, op) -> np.ndarray:
+    """Allreduce ``tensor``'s host copy and return it."""
     op = handle_average_backwards_compatibility(op, average)
     _priority(priority)
-    host = to_numpy(tensor, "allreduce_")
+    host = to_numpy(tensor, what)
     _allreduce_async([host], [op_name("allreduce", name, process_set)], op, prescale_factor, postscale_factor,
                      process_set, grouped=False).wait()
-    return write_back(tensor, host)
+    return host
 
 
 @blocking
@@ -141,14 +146,8 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None
                       priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
     """Reduce a list of NDArrays as one atomic group; returns a list of new NDArrays."""
-    op = handle_average_backwards_compatibility(op, average)
-    _priority(priority)
-    tensors = _tensor_list(tensors, "grouped_allreduce")
-    if not tensors:
-        return []
-    hosts = [to_numpy(t, "grouped_allreduce") for t in tensors]
-    names, _ = group_op_names("grouped_allreduce", name, len(hosts), process_set)
-    _allreduce_async(hosts, names, op, prescale_factor, postscale_factor, process_set, grouped=True).wait()
+    tensors, hosts = _reduce_group(tensors, "grouped_allreduce", average, name, priority, prescale_factor,
+                                   postscale_factor, process_set, op)
     return [from_numpy(h, t) for h, t in zip(hosts, tensors)]
 
 
@@ -157,15 +156,22 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
                        priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
     """In-place :func:`grouped_allreduce`: every tensor receives its result; returns them."""
+    tensors, hosts = _reduce_group(tensors, "grouped_allreduce_", average, name, priority, prescale_factor,
+                                   postscale_factor, process_set, op)
+    return [write_back(t, h) for t, h in zip(tensors, hosts)]
+
+
+def _reduce_group(tensors, what: str, average, name, priority, prescale_factor, postscale_factor, process_set,
+                  op) -> Tuple[List[NDArray], List[np.ndarray]]:
+    """Allreduce the host copies of ``tensors`` as one group; returns the tensors and their reduced copies."""
     op = handle_average_backwards_compatibility(op, average)
     _priority(priority)
-    tensors = _tensor_list(tensors, "grouped_allreduce_")
-    if not tensors:
-        return []
-    hosts = [to_numpy(t, "grouped_allreduce_") for t in tensors]
-    names, _ = group_op_names("grouped_allreduce", name, len(hosts), process_set)
-    _allreduce_async(hosts, names, op, prescale_factor, postscale_factor, process_set, grouped=True).wait()
-    return [write_back(t, h) for t, h in zip(tensors, hosts)]
+    tensors = _tensor_list(tensors, what)
+    hosts = [to_numpy(t, what) for t in tensors]
+    if hosts:
+        names, _ = group_op_names("grouped_allreduce", name, len(hosts), process_set)
+        _allreduce_async(hosts, names, op, prescale_factor, postscale_factor, process_set, grouped=True).wait()
+    return tensors, hosts
 
 
 # -- allgather -------------------------------------------------------------------------------------------------
