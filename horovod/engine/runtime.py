@@ -95,6 +95,7 @@ class Runtime:
         self._inflight: Dict[Tuple[int, str], Entry] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._wake_pending = False
         self._dead: Optional[BaseException] = None
         self._stop_requested = False
         self._held: List[Response] = []
@@ -244,6 +245,10 @@ class Runtime:
             self._wake()
 
     def _wake(self) -> None:
+        """Make whoever drives leave ``select``; one pending wake-up byte is enough."""
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             self._wake_w.send(b"\0")
         except (BlockingIOError, OSError):
@@ -303,6 +308,8 @@ class Runtime:
                                       any(not info.included(self.rank) for info in self.sets.values()))
 
     def _call_background(self) -> None:
+        if self._background_wanted:
+            return   # already called: it will drive for as long as anything is in flight
         with self._park:
             self._background_wanted = True
             self._park.notify()
@@ -376,6 +383,9 @@ class Runtime:
                         pass
                 except (BlockingIOError, OSError):
                     pass
+                # Cleared after draining: a wake-up skipped in between is for work the rest of this step, or the
+                # next driver, sees anyway (the outbox and ready responses are checked every step).
+                self._wake_pending = False
             else:
                 readable.append(key.data)
                 self.liveness.heard(key.data)
