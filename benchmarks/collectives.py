@@ -589,7 +589,8 @@ def worker(spec_path: str) -> None:
         comm = MPI.COMM_WORLD.Dup()
         cleanup += [raw.close, comm.Free]
         impls = [RawImpl("raw-mpi", raw), EngineImpl("engine-mpi", hvd), MpiImpl(MPI, comm)]
-        emit({"kind": "meta", "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        library = MPI.Get_library_version().replace("\x00", "")   # Open MPI's string ends with a NUL
+        emit({"kind": "meta", "mpi_library": library.strip().splitlines()[0],
               "mpi_thread_level": MPI.Query_thread(), "mpi_vendor": list(map(str, MPI.get_vendor()))})
     sync = Sync(raw)
     from horovod.common import basics as hvd_basics

@@ -7,6 +7,7 @@ become ERROR responses delivered to every rank — never a hang.
 """
 from __future__ import annotations
 
+import operator
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -168,8 +169,9 @@ class Coordinator:
 
     def __init__(self, world_size: int, cache_capacity: int = 0):
         self.sets: Dict[int, ProcessSetState] = {0: ProcessSetState(0, tuple(range(world_size)))}
-        # (set, name) -> the cached request objects of its last successful negotiation (see engine.cache).
-        self._validated: "OrderedDict[Tuple[int, str], List[Request]]" = OrderedDict()
+        # (set, name) -> the cached request objects of its last successful negotiation and, when it depends on
+        # nothing else, the response it produced (see engine.cache).
+        self._validated: "OrderedDict[Tuple[int, str], Tuple[List[Request], Optional[Response]]]" = OrderedDict()
         self._validated_capacity = max(0, cache_capacity)
         self._ready: List[Response] = []
         self._next_set_id = 1
@@ -282,11 +284,24 @@ class Coordinator:
         ranks = sorted(entry.requests)
         requests = [entry.requests[r] for r in ranks]
         joined = tuple(sorted(pset.joined))
-        if not (self._validated_capacity and not joined and self._seen_valid(pset.id, name, requests)):
+        key = (pset.id, name)
+        known = self._validated.get(key) if self._validated_capacity and not joined else None
+        if known is not None and len(known[0]) == len(requests) and all(map(operator.is_, known[0], requests)):
+            if known[1] is not None:
+                return known[1]   # the outcome of the same requests last time (responses are never mutated)
+        else:
             error = validate(name, requests, joined)
             if error is not None:
                 return Response(ERROR, [name], pset.id, error=error)
-            self._remember_valid(pset.id, name, requests)
+            known = None
+        resp = self._build(pset, name, entry, ranks, requests, joined)
+        if known is None and not joined and resp.kind != ERROR:
+            reusable = resp.payload is None and resp.kind not in (ops.ADD_PROCESS_SET, ops.REMOVE_PROCESS_SET)
+            self._remember_valid(key, requests, resp if reusable else None)
+        return resp
+
+    def _build(self, pset: ProcessSetState, name: str, entry: _Pending, ranks: List[int],
+               requests: List[Request], joined: Tuple[int, ...]) -> Response:
         first = requests[0]
         resp = Response(first.kind, [name], pset.id, dtype=first.dtype, op=first.op, root=first.root,
                         prescale=first.prescale, postscale=first.postscale, shapes=[tuple(first.shape)],
@@ -314,16 +329,11 @@ class Coordinator:
             resp.payload = (first.payload, removed is not None)
         return resp
 
-    def _seen_valid(self, set_id: int, name: str, requests: List[Request]) -> bool:
-        """Whether exactly these cached request objects were negotiated together successfully before."""
-        known = self._validated.get((set_id, name))
-        return known is not None and len(known) == len(requests) and all(a is b for a, b in zip(known, requests))
-
-    def _remember_valid(self, set_id: int, name: str, requests: List[Request]) -> None:
-        if not self._validated_capacity or any(r.slot < 0 for r in requests):
+    def _remember_valid(self, key: Tuple[int, str], requests: List[Request], response: Optional[Response]) -> None:
+        """Remember that exactly these cached request objects were negotiated together successfully."""
+        if any(r.slot < 0 for r in requests):
             return
-        key = (set_id, name)
-        self._validated[key] = requests
+        self._validated[key] = (requests, response)
         self._validated.move_to_end(key)
         if len(self._validated) > self._validated_capacity:
             self._validated.popitem(last=False)

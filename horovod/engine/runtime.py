@@ -172,6 +172,7 @@ class Runtime:
             if self._stop_requested:
                 raise ShutdownError(SHUTDOWN_MESSAGE)
             keys = []
+            seen = set()   # a group may hold thousands of tensors: no list scans
             for entry in entries:
                 req = entry.request
                 pset = self.sets.get(req.process_set)
@@ -182,11 +183,12 @@ class Runtime:
                     raise ValueError(f"Rank {self.rank} is not a member of the provided process set "
                                      f"(ranks {list(pset.ranks)}).")
                 key = (req.process_set, req.name)
-                if key in self._inflight or key in keys:
+                if key in self._inflight or key in seen:
                     raise ValueError(
                         f"Requested a collective on tensor name '{req.name}', but a collective with that name is "
                         f"still in progress on this rank. Wait for it (synchronize) or use a different name.")
                 keys.append(key)
+                seen.add(key)
             for key, entry in zip(keys, entries):
                 self._inflight[key] = entry
                 entry.handle.driver = self.drive
