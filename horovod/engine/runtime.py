@@ -91,7 +91,6 @@ class Runtime:
         self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for)
         self.timeline = Timeline.create(config, rank, world.name)
         self._lock = threading.Lock()
-        self._coord_lock = threading.Lock()   # rank 0: the caller and the background thread share the coordinator
         self._inflight: Dict[Tuple[int, str], Entry] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -193,58 +192,53 @@ class Runtime:
                 self._inflight[key] = entry
                 entry.handle.driver = self.drive
             direct = [e.request for e in entries]
-        if self.coordinator is not None:
-            self._coordinate_from_caller(direct)
-            if not attended:
-                self._call_background()
+        if self.size == 1:
+            self._run_alone(direct)
             return
-        if not attended:
-            # Whoever drives next sends them: a burst of asynchronous calls leaves in one control message.
-            with self._outbox_lock:
-                first = not self._outbox
-                self._outbox.extend(direct)
-            if first and self._drive.locked():
-                self._wake()   # whoever drives may be blocked in select: it must send these first
-            self._call_background()
-            return
-        # A caller that is about to wait sends straight away (with anything queued before, to keep the order).
-        try:
-            self._flush_outbox(direct)
-        except PeerError as exc:
-            with self._lock:
-                for entry in entries:
-                    self._inflight.pop((entry.request.process_set, entry.request.name), None)
-            raise PeerFailureError(f"cannot reach the coordinator (rank 0): {exc}. {SHUTDOWN_MESSAGE}") from exc
-
-    def _flush_outbox(self, more=()) -> None:
-        """Send queued requests (then ``more``) to the coordinator in one message."""
+        # Requests queue in the outbox; whoever drives next sends them (rank 0: records them in the coordinator),
+        # so a burst of asynchronous calls leaves in one control message.
         with self._outbox_lock:
-            batch = self._outbox + list(more) if self._outbox else list(more)
+            first = not self._outbox
+            self._outbox.extend(direct)
+        if attended and self.coordinator is None:
+            # A caller that is about to wait sends at once (behind anything queued before, to keep the order).
+            try:
+                self._flush_outbox()
+            except PeerError as exc:
+                with self._lock:
+                    for entry in entries:
+                        self._inflight.pop((entry.request.process_set, entry.request.name), None)
+                raise PeerFailureError(f"cannot reach the coordinator (rank 0): {exc}. {SHUTDOWN_MESSAGE}") from exc
+        elif first and self._drive.locked():
+            self._wake()   # whoever drives may be blocked in select; otherwise the next driver sees the outbox
+        if not attended:
+            self._call_background()
+
+    def _flush_outbox(self) -> None:
+        """Hand queued requests to the coordinator: in one message from a worker, directly on rank 0."""
+        with self._outbox_lock:   # held throughout: concurrent flushers must not reorder a rank's requests
+            batch, self._outbox = self._outbox, []
             if not batch:
                 return
-            self._outbox = []
-            self.control.send(0, ControlMessage(requests=[self.request_cache.encode(r) for r in batch]))
-
-    def _coordinate_from_caller(self, requests) -> None:
-        """Rank 0 records its own requests directly; the background thread is woken only when something is ready.
-
-        A job of one process has nobody to wait for: it plans and executes right here, without any thread hand-off.
-        """
-        now = time.monotonic()
-        with self._coord_lock:
-            for req in requests:
+            if self.coordinator is None:
+                self.control.send(0, ControlMessage(requests=[self.request_cache.encode(r) for r in batch]))
+                return
+            now = time.monotonic()
+            for req in batch:
                 self.timeline.negotiate(req, now)
                 template, data, _ = self.request_cache.canonical(req)
                 self.coordinator.add(template, now, data)
-            if self.size == 1:
-                ready = self.coordinator.take_ready()
-                self.timeline.negotiated(ready, now)
-                self._execute_all(fusion.plan(ready, self.config.fusion_threshold, self.config.disable_group_fusion))
-                return
-            ready = self.coordinator.has_ready()
-        if ready and self._drive.locked():
-            # Whoever drives may be blocked in select; otherwise the next driver sees the work before selecting.
-            self._wake()
+
+    def _run_alone(self, requests) -> None:
+        """A job of one process has nobody to wait for: plan and execute right here, without any hand-off."""
+        with self._drive:   # other user threads may call collectives at the same time
+            now = time.monotonic()
+            for req in requests:
+                self.timeline.negotiate(req, now)
+                self.coordinator.add(req, now)
+            ready = self.coordinator.take_ready()
+            self.timeline.negotiated(ready, now)
+            self._execute_all(fusion.plan(ready, self.config.fusion_threshold, self.config.disable_group_fusion))
 
     def _wake(self) -> None:
         """Make whoever drives leave ``select``; one pending wake-up byte is enough."""
@@ -437,15 +431,13 @@ class Runtime:
             for msg in messages:
                 if self._obey_shutdown(msg):
                     return False
-                with self._coord_lock:
-                    for wire in msg.requests:
-                        req, data = self.mirror_cache.decode(peer, wire)
-                        self.timeline.negotiate(req, now)
-                        coord.add(req, now, data)
-        with self._coord_lock:
-            if now - self._last_stall_check >= self._stall_every:
-                self._inspect_stalls(now)
-            ready = coord.take_ready()
+                for wire in msg.requests:
+                    req, data = self.mirror_cache.decode(peer, wire)
+                    self.timeline.negotiate(req, now)
+                    coord.add(req, now, data)
+        if now - self._last_stall_check >= self._stall_every:
+            self._inspect_stalls(now)
+        ready = coord.take_ready()
         if ready:
             self.timeline.negotiated(ready, now)
             if not self._held:
