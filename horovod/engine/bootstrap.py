@@ -11,7 +11,7 @@ import importlib
 import logging
 import secrets
 import socket
-from typing import Optional, Sequence
+from typing import Sequence
 
 from horovod.engine import config as _config
 from horovod.engine import membership
