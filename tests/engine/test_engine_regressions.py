@@ -340,3 +340,57 @@ def test_async_request_leaves_while_the_background_thread_waits():
         assert out["a"] == out["b"] == [2.0, 2.0]
         if "b_seconds" in out:
             assert out["b_seconds"] < 2.0, f"'b' took {out['b_seconds']:.1f} s: the request sat in a queue"
+
+
+def driver_handover_worker() -> dict:
+    import os
+    import threading
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from horovod.engine import collectives
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    hvd.init()
+    out = {}
+    # 1. A wait that times out while this thread drives leaves the collective to the background thread,
+    #    which completes it once the late rank arrives.
+    if rank == 1:
+        time.sleep(0.5)
+    handle = collectives.allreduce_async([np.ones(3)], ["late"], op=hvd.Sum)
+    try:
+        handle.wait(timeout=0.1 if rank == 0 else 10)
+        out["timed_out"] = False
+    except TimeoutError:
+        out["timed_out"] = True
+    out["late"] = handle.wait(timeout=10).tolist()
+    # 2. shutdown() from another thread while this thread drives a collective no other rank will submit.
+    hvd.allreduce(np.ones(1), name="before_shutdown")
+    if rank == 0:
+        threading.Timer(0.3, hvd.shutdown).start()
+        t0 = time.monotonic()
+        try:
+            hvd.allreduce(np.ones(3), name="never_matched")
+            out["orphan"] = "returned"
+        except hvd.HorovodInternalError as exc:
+            out["orphan"] = type(exc).__name__
+        out["orphan_seconds"] = time.monotonic() - t0
+    else:
+        time.sleep(1.0)
+        try:
+            hvd.shutdown()
+        except Exception as exc:  # noqa: BLE001
+            out["shutdown"] = repr(exc)
+    return out
+
+
+def test_a_driving_caller_hands_over_on_timeout_and_leaves_on_shutdown():
+    """Checks the leader/follower hand-over: a caller that stops driving (timeout) or is interrupted (shutdown
+    from another thread) must neither strand the collective nor hang."""
+    results = run(driver_handover_worker, 2, "tcp", timeout=60)
+    assert results[0]["timed_out"] is True and results[1]["timed_out"] is False, results
+    assert all(r["late"] == [2.0, 2.0, 2.0] for r in results), results
+    assert results[0]["orphan"] == "ShutdownError" and results[0]["orphan_seconds"] < 5, results
+    assert "shutdown" not in results[1], results
