@@ -322,29 +322,22 @@ class Runtime:
 
     def _run(self) -> None:
         self._pin_thread()
-        try:
-            while self._dead is None:
-                needed = self._park_background()
-                if self._dead is not None:
+        while self._dead is None:
+            needed = self._park_background()
+            if self._dead is not None:
+                return
+            # A caller that drives polls as it goes; when it is done it calls us back if anything else is still
+            # in flight.
+            if not self._drive.acquire(blocking=needed, timeout=1.0 if needed else -1):
+                continue
+            try:
+                if not needed and not self._guarded_step(0.0):   # idle poll: heartbeats, notices, stalls
                     return
-                # A caller that drives polls as it goes; when it is done it calls us back if anything else is
-                # still in flight.
-                if not self._drive.acquire(blocking=needed, timeout=1.0 if needed else -1):
-                    continue
-                try:
-                    if not needed and not self._guarded_step(0.0):   # idle poll: heartbeats, notices, stalls
+                while self._needs_background():
+                    if not self._guarded_step(self._select_timeout()):
                         return
-                    while self._needs_background():
-                        if not self._guarded_step(self._select_timeout()):
-                            return
-                finally:
-                    self._drive.release()
-        finally:
-            if self._dead is not None or self._stop_requested:
-                try:
-                    self._selector.close()
-                except (OSError, ValueError):
-                    pass
+            finally:
+                self._drive.release()
 
     def _guarded_step(self, timeout: Optional[float], spin: bool = False) -> bool:
         """:meth:`_step`, turning failures into the engine's death; False once the engine is finished."""
@@ -655,6 +648,10 @@ class Runtime:
             logger.debug("closing the world transport failed", exc_info=True)
         if self.rendezvous_server is not None:
             self.rendezvous_server.stop()
+        try:
+            self._selector.close()   # whoever closes holds the drive lock or runs after every driver stopped
+        except (OSError, ValueError):
+            pass
         for s in (self._wake_r, self._wake_w):
             try:
                 s.close()
