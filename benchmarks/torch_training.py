@@ -42,6 +42,11 @@ def build(model_name: str):
         return torch.nn.Sequential(
             torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 1024), torch.nn.ReLU(),
             torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    if model_name == "deepmlp":    # 66 parameter tensors of ~64 KB: bound by the cost of each gradient's collective
+        layers = [torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 128), torch.nn.ReLU()]
+        for _ in range(31):
+            layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(128, 10))
     raise ValueError(f"unknown model {model_name!r}")
 
 
@@ -101,7 +106,8 @@ def worker(args) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--models", default="smallcnn,mlp", help="comma-separated: smallcnn, mlp")
+    parser.add_argument("--models", default="smallcnn,mlp,deepmlp",
+                        help="comma-separated: smallcnn, mlp, deepmlp")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
     parser.add_argument("--blocks", type=int, default=8, help="timed blocks per side (alternating)")
     parser.add_argument("--block-steps", type=int, default=10, help="training steps per block")

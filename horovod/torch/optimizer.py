@@ -88,6 +88,7 @@ class _HorovodOptimizerBase:
         self._groups: Optional[List[Tuple[torch.Tensor, ...]]] = None
         self._p_to_group: Dict[torch.Tensor, Tuple[torch.Tensor, ...]] = {}
         self._group_ready: Dict[Tuple[torch.Tensor, ...], set] = {}
+        self._buckets: set = set()   # automatic groups reduced as one flat tensor (see _plan_buckets)
         hooks_wanted = size() > 1 or _config.load().elastic
         if hooks_wanted and process_set.included() is not False:
             self._register_hooks()
@@ -116,9 +117,12 @@ class _HorovodOptimizerBase:
             groups = [g for g in groups if g]
         self._groups = groups
         for group in groups:
-            for p in group:
-                self._p_to_group[p] = group
-            self._group_ready[group] = set()
+            self._add_group(group)
+
+    def _add_group(self, group: Tuple[torch.Tensor, ...]) -> None:
+        for p in group:
+            self._p_to_group[p] = group
+        self._group_ready[group] = set()
 
     def _register_hooks(self) -> None:
         trainable = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
@@ -174,8 +178,45 @@ def _make_hook(ref: "weakref.ReferenceType"):
     return hook
 
 
+def _plan_buckets(params: Sequence[torch.Tensor], cap: int) -> List[Tuple[torch.Tensor, ...]]:
+    """Pack small parameters into buckets of at most ``cap`` bytes of one dtype.
+
+    Parameters are taken in reverse registration order, roughly the order in which backward produces their
+    gradients, so a bucket fills early and its allreduce overlaps the rest of backward.  A bucket's gradients
+    travel as one flat tensor: one request and one collective instead of one per parameter, which is what a
+    model of many small layers pays most for.  A parameter larger than ``cap``, or alone in its bucket, keeps
+    the per-tensor path.
+    """
+    buckets: List[Tuple[torch.Tensor, ...]] = []
+    if cap <= 0:
+        return buckets
+    current: List[torch.Tensor] = []
+    current_bytes = 0
+    for p in reversed(list(params)):
+        nbytes = p.numel() * p.element_size()
+        if current and (p.dtype != current[0].dtype or current_bytes + nbytes > cap):
+            if len(current) > 1:
+                buckets.append(tuple(current))
+            current, current_bytes = [], 0
+        if nbytes > cap:
+            continue
+        current.append(p)
+        current_bytes += nbytes
+    if len(current) > 1:
+        buckets.append(tuple(current))
+    return buckets
+
+
 class _DistributedOptimizer(_HorovodOptimizerBase):
     """Gradient-averaging optimizer (all ops but Adasum)."""
+
+    def _form_groups(self, trainable: List[torch.Tensor]) -> None:
+        if self._groups_spec is not None:
+            super()._form_groups(trainable)
+            return
+        self._buckets = set(_plan_buckets(trainable, _config.load().gradient_bucket_bytes))
+        for bucket in self._buckets:
+            self._add_group(bucket)
 
     # -- the backward hook ----------------------------------------------------------------------------------
     def _on_grad_ready(self, p: torch.Tensor) -> None:
@@ -199,7 +240,10 @@ class _DistributedOptimizer(_HorovodOptimizerBase):
     def _issue_group(self, group: Tuple[torch.Tensor, ...]) -> None:
         for gp in group:
             self._handles.pop(gp, None)
-        self._handles[group] = self._grouped_allreduce_grad_async(group)
+        if group in self._buckets:
+            self._handles[group] = self._bucket_allreduce_async(group)
+        else:
+            self._handles[group] = self._grouped_allreduce_grad_async(group)
         self._group_ready[group] = set()
 
     # -- issuing ----------------------------------------------------------------------------------------------
@@ -231,6 +275,22 @@ class _DistributedOptimizer(_HorovodOptimizerBase):
                                           prescale_factor=pre, postscale_factor=post,
                                           process_set=self.process_set)
         return handle, [(ctx, g) for (_, ctx), g in zip(pairs, grads)]
+
+    def _bucket_allreduce_async(self, bucket: Tuple[torch.Tensor, ...]):
+        """Allreduce a bucket's gradients as one flat tensor; the handle is a callable giving one view per grad."""
+        grads = [self._dense_grad(p) for p in bucket]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        compressed, ctx = self._compression.compress(flat)
+        pre, post = self._scale_factors()
+        handle = allreduce_async_(compressed, name=f"bucket.{self._name(bucket[0])}+{len(bucket) - 1}", op=self.op,
+                                  prescale_factor=pre, postscale_factor=post, process_set=self.process_set)
+
+        def unpack() -> List[torch.Tensor]:
+            reduced = self._compression.decompress(synchronize(handle), ctx)
+            return [piece.view_as(g) for piece, g in zip(reduced.split([g.numel() for g in grads]), grads)]
+
+        # Each piece is already decompressed: _apply_result gets no compression context for it.
+        return unpack, [(None, g) for g in grads]
 
     # -- completing -------------------------------------------------------------------------------------------
     def _apply_result(self, p: torch.Tensor, output, ctx) -> None:

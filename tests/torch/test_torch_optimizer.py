@@ -305,7 +305,32 @@ def _assert_close(actual, expected, what, tol):
 
 @pytest.mark.parametrize("np_", SIZES)
 def test_distributed_optimizer_matches_single_process(np_):
-    results = run(training_worker, np_, timeout=180)
+    """With the default gradient buckets: the test model's parameters all fit one bucket."""
+    _check_training(np_, {})
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_distributed_optimizer_without_gradient_buckets_matches_too(np_):
+    _check_training(np_, {"HOROVOD_GRADIENT_BUCKET_BYTES": "0"})
+
+
+def test_gradient_buckets_pack_small_parameters_in_backward_order():
+    import torch
+
+    from horovod.torch.optimizer import _plan_buckets
+
+    p = {name: torch.nn.Parameter(torch.zeros(n, dtype=dt)) for name, n, dt in [
+        ("a", 10, torch.float32), ("b", 10, torch.float32), ("big", 1000, torch.float32), ("c", 10, torch.float32),
+        ("d", 10, torch.float32), ("e", 10, torch.float32), ("h", 5, torch.float64), ("i", 5, torch.float64)]}
+    names = {id(t): n for n, t in p.items()}
+    plan = [[names[id(t)] for t in bucket] for bucket in _plan_buckets(list(p.values()), cap=80)]
+    # reverse order; split by dtype, by the 80-byte cap and around a parameter larger than the cap
+    assert plan == [["i", "h"], ["e", "d"], ["b", "a"]], plan
+    assert _plan_buckets(list(p.values()), cap=0) == []
+
+
+def _check_training(np_, env):
+    results = run(training_worker, np_, env=env, timeout=180)
     assert_no_failures([res["checks"] for res in results])
     ref_mean = _reference(np_, 1, 1.0)
     _assert_close(_concatenated_reference(np_), ref_mean, "test setup: concatenated batch vs mean of losses",
