@@ -11,6 +11,7 @@ Capacity 0 turns the cache off: every request travels in full and is validated e
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from typing import Dict, Optional, Tuple, Union
 
@@ -38,8 +39,7 @@ def _signature(req: Request, data: Optional[bytes]) -> tuple:
 def _template(req: Request, data: Optional[bytes], slot: int) -> Request:
     """The request as stored in a slot: without its per-call inline bytes."""
     if data is not None:
-        req = Request(req.rank, req.name, req.kind, req.dtype, req.shape, req.op, req.root, req.prescale,
-                      req.postscale, req.process_set, req.group, req.splits, None)
+        req = dataclasses.replace(req, payload=None)
     req.slot = slot
     return req
 
@@ -79,15 +79,9 @@ class RequestCache:
         template, data, hit = self.canonical(req)
         if hit:
             return (template.slot, data)
-        return req if data is None or template.slot < 0 else _with_data(template, data)
-
-
-def _with_data(template: Request, data: bytes) -> Request:
-    full = Request(template.rank, template.name, template.kind, template.dtype, template.shape, template.op,
-                   template.root, template.prescale, template.postscale, template.process_set, template.group,
-                   template.splits, data)
-    full.slot = template.slot
-    return full
+        if data is None or template.slot < 0:
+            return req
+        return dataclasses.replace(template, payload=data)   # a new slot's first use carries its bytes too
 
 
 class CoordinatorCache:

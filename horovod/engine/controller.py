@@ -128,22 +128,20 @@ class ControlPlane:
             sockets.send_frame(sock, payload, peer=f"rank {peer}")
 
     def broadcast(self, message: ControlMessage) -> List[int]:
-        """Send ``message`` to every worker; returns the ranks that could not be reached."""
+        """Send ``message`` to every worker (pickled once); returns the ranks that could not be reached."""
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        failed = []
-        for peer in list(self.peers):
-            try:
-                self.send_bytes(peer, payload)
-            except PeerError:
-                failed.append(peer)
-        return failed
+        return self._send_payloads({peer: payload for peer in self.peers})
 
     def send_each(self, messages: Dict[int, ControlMessage]) -> List[int]:
         """Send each peer its own message; returns the ranks that could not be reached."""
+        return self._send_payloads({peer: pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+                                    for peer, message in messages.items()})
+
+    def _send_payloads(self, payloads: Dict[int, bytes]) -> List[int]:
         failed = []
-        for peer, message in messages.items():
+        for peer, payload in payloads.items():
             try:
-                self.send(peer, message)
+                self.send_bytes(peer, payload)
             except PeerError:
                 failed.append(peer)
         return failed

@@ -286,16 +286,15 @@ class Coordinator:
         joined = tuple(sorted(pset.joined))
         key = (pset.id, name)
         known = self._validated.get(key) if self._validated_capacity and not joined else None
-        if known is not None and len(known[0]) == len(requests) and all(map(operator.is_, known[0], requests)):
-            if known[1] is not None:
-                return known[1]   # the outcome of the same requests last time (responses are never mutated)
-        else:
+        seen = known is not None and len(known[0]) == len(requests) and all(map(operator.is_, known[0], requests))
+        if seen and known[1] is not None:
+            return known[1]   # the outcome of the same requests last time (responses are never mutated)
+        if not seen:
             error = validate(name, requests, joined)
             if error is not None:
                 return Response(ERROR, [name], pset.id, error=error)
-            known = None
         resp = self._build(pset, name, entry, ranks, requests, joined)
-        if known is None and not joined and resp.kind != ERROR:
+        if not seen and not joined and resp.kind != ERROR:
             reusable = resp.payload is None and resp.kind not in (ops.ADD_PROCESS_SET, ops.REMOVE_PROCESS_SET)
             self._remember_valid(key, requests, resp if reusable else None)
         return resp

@@ -1,8 +1,9 @@
 """The progress engine: queue → negotiate → fuse → execute → complete handles.
 
-Framework calls enqueue :class:`Entry` objects (workers send their requests to the coordinator straight from the
-calling thread).  Progress — reading the control connections, negotiating on rank 0, executing responses — is
-made by whichever thread holds the *drive* lock, one at a time:
+Framework calls enqueue :class:`Entry` objects; their requests wait in the rank's outbox until whoever drives
+next hands them to the coordinator (a worker about to wait sends its own at once).  Progress — reading the
+control connections, negotiating on rank 0, executing responses — is made by whichever thread holds the *drive*
+lock, one at a time:
 
 * a caller that waits on a handle drives progress itself when nobody else is (leader/follower), so a blocking
   collective costs no thread hand-off at all;
@@ -11,7 +12,8 @@ made by whichever thread holds the *drive* lock, one at a time:
 
 An idle background thread parks on a condition variable and polls the control connections about once a second
 (heartbeats, shutdown notices, stall checks).  Whoever drives blocks in ``select`` on the control connections
-and a wake-up socketpair; nothing spins.  Rank 0 also runs the :class:`Coordinator`: it decides one execution
+and a wake-up socketpair; only a waiting caller re-checks briefly first, and only when every local rank has a
+core of its own (:mod:`horovod.common.spin`).  The background thread never spins.  Rank 0 also runs the :class:`Coordinator`: it decides one execution
 order and sends it to the members of each process set before executing it itself.
 """
 from __future__ import annotations
@@ -98,7 +100,7 @@ class Runtime:
         self._dead: Optional[BaseException] = None
         self._stop_requested = False
         self._held: List[Response] = []
-        self._outbox: List[Request] = []   # a worker's asynchronous requests, sent by the next driver
+        self._outbox: List[Request] = []   # this rank's requests, handed to the coordinator by the next driver
         self._outbox_lock = threading.Lock()
         self._held_since = 0.0
         self._last_stall_check = time.monotonic()
@@ -403,11 +405,8 @@ class Runtime:
         if self._held:
             timeouts.append(max(0.0, self._held_since + self.config.cycle_time_ms / 1000.0 - time.monotonic()))
         if self.coordinator is not None and not self.config.stall_check_disable:
-            timeouts.append(max(0.05, self._last_stall_check + self._stall_period() - time.monotonic()))
+            timeouts.append(max(0.05, self._last_stall_check + self._stall_every - time.monotonic()))
         return min(timeouts) if timeouts else None
-
-    def _stall_period(self) -> float:
-        return self._stall_every
 
     def _describe_failure(self, exc: BaseException) -> str:
         return (f"Horovod detected that a peer failed during a collective on rank {self.rank}: {exc}. "
@@ -428,8 +427,7 @@ class Runtime:
                     req, data = self.mirror_cache.decode(peer, wire)
                     self.timeline.negotiate(req, now)
                     coord.add(req, now, data)
-        if now - self._last_stall_check >= self._stall_every:
-            self._inspect_stalls(now)
+        self._inspect_stalls(now)
         ready = coord.take_ready()
         if ready:
             self.timeline.negotiated(ready, now)
@@ -481,7 +479,7 @@ class Runtime:
             self._tuned = changes
 
     def _inspect_stalls(self, now: float) -> None:
-        if self.config.stall_check_disable or now - self._last_stall_check < self._stall_period():
+        if self.config.stall_check_disable or now - self._last_stall_check < self._stall_every:
             return
         self._last_stall_check = now
         warn_after = self.config.stall_check_time_seconds

@@ -59,10 +59,10 @@ def test_capacity_zero_sends_everything_in_full():
         assert mirror.decode(1, wire)[1] == b"\0" * 12
 
 
-def _negotiate(coord, caches, mirrors, shapes, name="t"):
+def _negotiate(coord, caches, mirror, shapes, name="t"):
     for rank, shape in enumerate(shapes):
         wire = caches[rank].encode(req(rank, name, shape=shape))
-        template, data = mirrors.decode(rank, wire)
+        template, data = mirror.decode(rank, wire)
         coord.add(template, 0.0, data)
     return coord.take_ready()
 
