@@ -144,26 +144,52 @@ def _scaled_extremum_mask(x, y, prescale, postscale):
     return tf.cast(tf.equal(scaled, y), x.dtype)
 
 
-def _reduction_grads(xs, ys, dys, op, prescale, postscale, process_set, ignore_name_scope):
-    """Gradients of a (grouped) allreduce; non-differentiable inputs get ``None``."""
+def _run_differentiable(kernel, op_type: str, tensors: List[tf.Tensor], out_shape, grads_of) -> List[tf.Tensor]:
+    """Run a (grouped) kernel as one differentiable op.
+
+    ``out_shape(x)`` is the static shape of the output for input ``x``; ``grads_of(xs, ys, dys)`` gives the
+    inputs' gradients from the outputs' upstream gradients.
+    """
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, [out_shape(x) for x in xs])
+
+        def grad(*dys):
+            return grads_of(xs, ys, dys)
+
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+def _live_grads(xs, ys, dys, grads_of_live) -> List[Optional[tf.Tensor]]:
+    """Gradients where non-differentiable inputs get ``None``.
+
+    ``grads_of_live(live, upstream)`` returns the gradients of the inputs at indices ``live`` from their upstream
+    gradients (zeros where none arrived).
+    """
     live = [i for i, x in enumerate(xs) if _is_differentiable(x.dtype)]
     grads: List[Optional[tf.Tensor]] = [None] * len(xs)
-    if not live:
-        return grads
-    upstream = [dys[i] if dys[i] is not None else tf.zeros_like(ys[i]) for i in live]
-    if op in (Sum, Average, Adasum):
-        reduced = _grouped_allreduce(upstream, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                                     process_set=process_set, ignore_name_scope=ignore_name_scope)
-        for i, g in zip(live, reduced):
+    if live:
+        upstream = [dys[i] if dys[i] is not None else tf.zeros_like(ys[i]) for i in live]
+        for i, g in zip(live, grads_of_live(live, upstream)):
             grads[i] = g
-        return grads
-    summed = _grouped_allreduce(upstream, op=Sum, process_set=process_set, ignore_name_scope=ignore_name_scope)
-    for i, g in zip(live, summed):
-        if op in (Min, Max):
-            grads[i] = g * _scaled_extremum_mask(xs[i], ys[i], prescale, postscale)
-        else:  # Product: d(prod)/dx_i = prod / x_i
-            grads[i] = g * tf.math.divide_no_nan(ys[i], xs[i])
     return grads
+
+
+def _reduction_grads(xs, ys, dys, op, prescale, postscale, process_set, ignore_name_scope):
+    """Gradients of a (grouped) allreduce; non-differentiable inputs get ``None``."""
+    def grads_of_live(live, upstream):
+        if op in (Sum, Average, Adasum):
+            return _grouped_allreduce(upstream, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                                      process_set=process_set, ignore_name_scope=ignore_name_scope)
+        summed = _grouped_allreduce(upstream, op=Sum, process_set=process_set, ignore_name_scope=ignore_name_scope)
+        if op in (Min, Max):
+            return [g * _scaled_extremum_mask(xs[i], ys[i], prescale, postscale) for i, g in zip(live, summed)]
+        # Product: d(prod)/dx_i = prod / x_i
+        return [g * tf.math.divide_no_nan(ys[i], xs[i]) for i, g in zip(live, summed)]
+
+    return _live_grads(xs, ys, dys, grads_of_live)
 
 
 @not_converted
@@ -189,18 +215,9 @@ def _grouped_allreduce(tensors: Sequence, name: Optional[str] = None, op: int = 
     base = bridge.base_name(op_type, name, ignore_name_scope)
     kernel = _allreduce_kernel(base, op, prescale_factor, postscale_factor, set_id, len(tensors),
                                grouped=not _single)
-
-    @tf.custom_gradient
-    def forward(*xs):
-        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, [x.shape for x in xs])
-
-        def grad(*dys):
-            return _reduction_grads(xs, ys, dys, op, prescale_factor, postscale_factor, process_set,
-                                    ignore_name_scope)
-
-        return ys, grad
-
-    return list(forward(*tensors))
+    return _run_differentiable(kernel, op_type, tensors, lambda x: x.shape,
+                               lambda xs, ys, dys: _reduction_grads(xs, ys, dys, op, prescale_factor,
+                                                                    postscale_factor, process_set, ignore_name_scope))
 
 
 # -- allgather ----------------------------------------------------------------------------------------------
@@ -254,18 +271,11 @@ def _grouped_allgather(tensors, name, ignore_name_scope, process_set, _single=Fa
     base = bridge.base_name(op_type, name, ignore_name_scope)
     kernel = _allgather_kernel(base, set_id, len(tensors), grouped=not _single)
 
-    @tf.custom_gradient
-    def forward(*xs):
-        shapes = [tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank is not None else None
-                  for x in xs]
-        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, shapes)
+    def out_shape(x):
+        return tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank is not None else None
 
-        def grad(*dys):
-            return _allgather_grads(xs, dys, process_set, ignore_name_scope)
-
-        return ys, grad
-
-    return list(forward(*tensors))
+    return _run_differentiable(kernel, op_type, tensors, out_shape,
+                               lambda xs, ys, dys: _allgather_grads(xs, dys, process_set, ignore_name_scope))
 
 
 # -- broadcast ----------------------------------------------------------------------------------------------
@@ -299,26 +309,14 @@ def _grouped_broadcast(tensors, root_rank, name=None, ignore_name_scope=False,
     base = bridge.base_name(op_type, name, ignore_name_scope)
     kernel = _broadcast_kernel(base, root_rank, set_id, len(tensors), grouped=not _single)
 
-    @tf.custom_gradient
-    def forward(*xs):
-        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, [x.shape for x in xs])
+    def grads_of_live(live, upstream):
+        reduced = _grouped_allreduce(upstream, op=Average, process_set=process_set,
+                                     ignore_name_scope=ignore_name_scope)
+        is_root = basics.rank() == root_rank
+        return [g if is_root else tf.zeros_like(g) for g in reduced]
 
-        def grad(*dys):
-            live = [i for i, x in enumerate(xs) if _is_differentiable(x.dtype)]
-            grads: List[Optional[tf.Tensor]] = [None] * len(xs)
-            if not live:
-                return grads
-            upstream = [dys[i] if dys[i] is not None else tf.zeros_like(ys[i]) for i in live]
-            reduced = _grouped_allreduce(upstream, op=Average, process_set=process_set,
-                                         ignore_name_scope=ignore_name_scope)
-            is_root = basics.rank() == root_rank
-            for i, g in zip(live, reduced):
-                grads[i] = g if is_root else tf.zeros_like(g)
-            return grads
-
-        return ys, grad
-
-    return list(forward(*tensors))
+    return _run_differentiable(kernel, op_type, tensors, lambda x: x.shape,
+                               lambda xs, ys, dys: _live_grads(xs, ys, dys, grads_of_live))
 
 
 def _op_of(value):
@@ -434,22 +432,10 @@ def _grouped_reducescatter(tensors, name=None, op: int = Average, process_set: P
         first = None if rows is None else _scatter_rows(rows, set_size, set_rank)
         return tf.TensorShape([first]).concatenate(x.shape[1:])
 
-    @tf.custom_gradient
-    def forward(*xs):
-        ys = bridge.run(kernel, xs, [x.dtype for x in xs], op_type, [out_shape(x) for x in xs])
+    def grads_of_live(live, upstream):
+        gathered = _grouped_allgather(upstream, None, ignore_name_scope, process_set)
+        factor = prescale_factor * postscale_factor / (set_size if op == Average else 1)
+        return [g if factor == 1.0 else g * tf.cast(factor, g.dtype) for g in gathered]
 
-        def grad(*dys):
-            live = [i for i, x in enumerate(xs) if _is_differentiable(x.dtype)]
-            grads: List[Optional[tf.Tensor]] = [None] * len(xs)
-            if not live:
-                return grads
-            upstream = [dys[i] if dys[i] is not None else tf.zeros_like(ys[i]) for i in live]
-            gathered = _grouped_allgather(upstream, None, ignore_name_scope, process_set)
-            factor = prescale_factor * postscale_factor / (set_size if op == Average else 1)
-            for i, g in zip(live, gathered):
-                grads[i] = g if factor == 1.0 else g * tf.cast(factor, g.dtype)
-            return grads
-
-        return ys, grad
-
-    return list(forward(*tensors))
+    return _run_differentiable(kernel, op_type, tensors, out_shape,
+                               lambda xs, ys, dys: _live_grads(xs, ys, dys, grads_of_live))
