@@ -98,8 +98,10 @@ class Staged:
         """A result buffer for an out-of-place reduction/broadcast: the staged copy, or a new host tensor."""
         if self.staged:
             return self.host, self.array
-        out = torch.empty_like(self.host, memory_format=torch.contiguous_format)
-        return out, numpy_view(out)
+        # Allocated by numpy, not torch: numpy advises transparent huge pages for large arrays, torch's CPU
+        # allocator does not, and faulting in a fresh 64 MiB result page by page costs ~15x the copy itself.
+        array = np.empty(self.array.shape, dtype=self.array.dtype)
+        return to_torch(array, self.host.dtype), array
 
     def finish_inplace(self) -> torch.Tensor:
         """After an in-place collective: copy a staged result back into the caller's tensor; return it."""
