@@ -60,6 +60,16 @@ class Transport(abc.ABC):
     def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
         """Reduce ``buf`` across the group, in place, with ``op`` in {sum, min, max, product}."""
 
+    def allreduce_into(self, src: np.ndarray, dst: np.ndarray, op: str = SUM) -> None:
+        """Reduce ``src`` across the group into ``dst`` (same shape and dtype, no overlap); ``src`` is unchanged.
+
+        The default copies and reduces in place; a transport that can read its input from one buffer and write
+        its result to another overrides this to save that pass over memory (a fresh result's pages are then
+        faulted in by the result's own write).
+        """
+        np.copyto(dst, src)
+        self.allreduce(dst, op)
+
     @abc.abstractmethod
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
         """Concatenate every rank's ``send`` into ``recv``; ``counts[r]`` elements come from rank r."""

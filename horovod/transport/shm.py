@@ -280,36 +280,46 @@ class ShmTransport(Transport):
         self._wait(self._step())
 
     def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
-        f = _binary(buf.dtype, op)
-        if self.size == 1 or buf.size == 0:
+        self.allreduce_into(buf, buf, op)
+
+    def allreduce_into(self, src: np.ndarray, dst: np.ndarray, op: str = SUM) -> None:
+        f = _binary(dst.dtype, op)
+        if src is not dst:
+            _byte_view(src)
+            if src.shape != dst.shape or src.dtype != dst.dtype:
+                raise ValueError(f"shm transport: allreduce_into needs src and dst of one shape and dtype, got "
+                                 f"{src.shape}/{src.dtype} and {dst.shape}/{dst.dtype}")
+        if self.size == 1 or dst.size == 0:
+            if src is not dst:
+                np.copyto(dst, src)
             return
-        _byte_view(buf)
+        _byte_view(dst)
         self._enter("allreduce")
-        if buf.dtype.kind in "fc":
+        if dst.dtype.kind in "fc":
             with np.errstate(all="ignore"):  # inf / nan are defined results (think loss scaling), not errors
-                self._allreduce(buf, f)
+                self._allreduce(src, dst, f)
         else:
-            self._allreduce(buf, f)
+            self._allreduce(src, dst, f)
 
-    def _allreduce(self, buf: np.ndarray, f) -> None:
-        if buf.nbytes * self.size <= self._small_bytes and buf.nbytes <= self._half_bytes:
-            self._allreduce_small(buf, f)
+    def _allreduce(self, src: np.ndarray, dst: np.ndarray, f) -> None:
+        if dst.nbytes * self.size <= self._small_bytes and dst.nbytes <= self._half_bytes:
+            self._allreduce_small(src, dst, f)
         else:
-            step = max(1, self._chunk_bytes // buf.itemsize)
-            for start in range(0, buf.size, step):
-                self._allreduce_chunk(buf[start:start + step], f)
+            step = max(1, self._chunk_bytes // dst.itemsize)
+            for start in range(0, dst.size, step):
+                self._allreduce_chunk(src[start:start + step], dst[start:start + step], f)
 
-    def _allreduce_small(self, buf: np.ndarray, f) -> None:
-        """One step: everyone publishes its buffer, then everyone reduces all of them (in rank order)."""
-        n = buf.size
+    def _allreduce_small(self, src: np.ndarray, dst: np.ndarray, f) -> None:
+        """One step: everyone publishes its input, then everyone reduces all of them (in rank order)."""
+        n = dst.size
         h = self._next_half(True)
-        views = self._typed(buf.dtype, h)
-        views[self.rank][:n] = buf
+        views = self._typed(dst.dtype, h)
+        views[self.rank][:n] = src
         s = self._step()
         self._wait(s)
-        f(views[0][:n], views[1][:n], out=buf)
+        f(views[0][:n], views[1][:n], out=dst)
         for v in views[2:]:
-            f(buf, v[:n], out=buf)
+            f(dst, v[:n], out=dst)
         self._free_at[h] = s + 1
 
     def _share_bounds(self, n: int, itemsize: int) -> List[int]:
@@ -325,27 +335,27 @@ class ShmTransport(Transport):
             self._bounds_cache[key] = b
         return b
 
-    def _allreduce_chunk(self, chunk: np.ndarray, f) -> None:
-        r, n = self.rank, chunk.size
+    def _allreduce_chunk(self, src: np.ndarray, dst: np.ndarray, f) -> None:
+        r, n = self.rank, dst.size
         h = self._next_half(True)
-        views = self._typed(chunk.dtype, h)
-        b = self._share_bounds(n, chunk.itemsize)
+        views = self._typed(dst.dtype, h)
+        b = self._share_bounds(n, dst.itemsize)
         lo, hi = b[r], b[r + 1]
         mine = views[r]
-        # Only the shares the peers reduce are copied in: this rank reduces its own straight from ``chunk``.
+        # Only the shares the peers reduce are copied in: this rank reduces its own straight from ``src``.
         if lo:
-            np.copyto(mine[:lo], chunk[:lo])
+            np.copyto(mine[:lo], src[:lo])
         if hi < n:
-            np.copyto(mine[hi:n], chunk[hi:n])
+            np.copyto(mine[hi:n], src[hi:n])
         self._wait(self._step())
         if hi > lo:
-            _combine(f, mine[lo:hi], [chunk[lo:hi] if q == r else views[q][lo:hi] for q in range(self.size)])
+            _combine(f, mine[lo:hi], [src[lo:hi] if q == r else views[q][lo:hi] for q in range(self.size)])
         s = self._step()
         self._wait(s)
         for i in range(self.size):
             q = (r + i) % self.size
             if b[q + 1] > b[q]:
-                np.copyto(chunk[b[q]:b[q + 1]], views[q][b[q]:b[q + 1]])
+                np.copyto(dst[b[q]:b[q + 1]], views[q][b[q]:b[q + 1]])
         self._free_at[h] = s + 1
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:

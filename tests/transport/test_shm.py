@@ -170,6 +170,10 @@ def _body_allreduce(rank, size, port, secret):
                     t.allreduce(buf, op)
                     want = _fold([_data(seed, q, n, dtype, op) for q in range(size)], op)
                     chk.eq(buf, want, f"{label} allreduce {np.dtype(dtype)} {op} n={n}")
+                    # Out of place: the input is read-only here, so a write to it would raise.
+                    out = np.empty(n, dtype)
+                    t.allreduce_into(_data(seed, rank, n, dtype, op), out, op)
+                    chk.eq(out, want, f"{label} allreduce_into {np.dtype(dtype)} {op} n={n}")
         for n in (3, 300000):  # overflow to inf is float16's defined result: no RuntimeWarning, on either path
             buf = np.full(n, 6e4, np.float16)
             with warnings.catch_warnings():
