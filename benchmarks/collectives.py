@@ -65,13 +65,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _launch  # noqa: E402
 from _launch import KIB, MIB, bus_factor, format_size  # noqa: E402
 
-OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+OPS = ("allreduce", "allreduce-new", "allgather", "broadcast", "alltoall", "reducescatter")
+# allreduce-new: the same reduction, but the result is a new array each call (``hvd.allreduce``, not ``allreduce_``);
+# implementations without such a call (Gloo) sit it out.
+REDUCTIONS = ("allreduce", "allreduce-new")
+# Latency patterns: what runs before each timed 8-byte call.
+LATENCY_PATTERNS = ("back to back", "barrier before each", "1 ms compute before each")
 F32 = np.float32
 PERIOD = 113  # pattern period of the validation data: small integers, so every float32 sum is exact
 
 # Display names, in table column order.
 LABELS = {
     "engine-shm": "hvd engine shm", "engine-tcp": "hvd engine tcp", "engine-mpi": "hvd engine mpi",
+    "torch-shm": "hvd.torch shm", "torch-tcp": "hvd.torch tcp",
     "raw-shm": "shm transport", "raw-tcp": "tcp transport", "raw-mpi": "mpi transport",
     "gloo": "torch Gloo", "openmpi": "Open MPI (mpi4py)",
 }
@@ -86,7 +92,7 @@ class Case:
 
     def __init__(self, op: str, nbytes: int, rank: int, size: int):
         self.op, self.rank, self.size = op, rank, size
-        if op in ("allreduce", "broadcast"):
+        if op in REDUCTIONS or op == "broadcast":
             count = max(1, nbytes // 4)
         else:  # every rank's block must be whole
             count = max(size, nbytes // 4 // size * size)
@@ -94,7 +100,7 @@ class Case:
         self.nbytes = count * 4
         self.splits = [self.per] * size
         self._expected: Optional[np.ndarray] = None
-        if op in ("allreduce", "broadcast"):
+        if op in REDUCTIONS or op == "broadcast":
             self.buf = np.zeros(count, F32)
         elif op == "allgather":
             self.send, self.recv = np.zeros(self.per, F32), np.zeros(count, F32)
@@ -111,7 +117,7 @@ class Case:
     def load_pattern(self) -> None:
         """Inputs: the pattern plus this rank's number; outputs: a value no correct result contains."""
         r = F32(self.rank)
-        if self.op in ("allreduce", "broadcast"):
+        if self.op in REDUCTIONS or self.op == "broadcast":
             np.add(self._base(self.count), r, out=self.buf)
         elif self.op == "allgather":
             np.add(self._base(self.per), r, out=self.send)
@@ -129,7 +135,7 @@ class Case:
     def _compute_expected(self) -> np.ndarray:
         n, per, r = self.size, self.per, self.rank
         offset = F32(n * (n - 1) // 2)
-        if self.op == "allreduce":
+        if self.op in REDUCTIONS:
             return self._base(self.count) * F32(n) + offset
         if self.op == "broadcast":
             return self._base(self.count)  # root 0 adds 0
@@ -155,7 +161,7 @@ class Case:
     def reset_for_timing(self) -> None:
         self._expected = None
         # Repeated in-place sums of zeros stay zeros: no overflow, no inf/NaN slow paths.
-        if self.op == "allreduce":
+        if self.op in REDUCTIONS:
             self.buf.fill(0)
 
 
@@ -169,6 +175,12 @@ class RawImpl:
         t = self.t
         if c.op == "allreduce":
             return lambda: (t.allreduce(c.buf, "sum"), c.buf)[1]
+        if c.op == "allreduce-new":
+            def fresh() -> np.ndarray:
+                out = np.empty_like(c.buf)
+                t.allreduce_into(c.buf, out, "sum")
+                return out
+            return fresh
         if c.op == "broadcast":
             return lambda: (t.broadcast(c.buf, 0), c.buf)[1]
         if c.op == "allgather":
@@ -188,6 +200,8 @@ class EngineImpl:
         hvd, name = self.hvd, f"bench.{c.op}.{c.nbytes}"
         if c.op == "allreduce":
             return lambda: hvd.allreduce_(c.buf, op=hvd.Sum, name=name)
+        if c.op == "allreduce-new":
+            return lambda: hvd.allreduce(c.buf, op=hvd.Sum, name=name)
         if c.op == "broadcast":
             return lambda: hvd.broadcast_(c.buf, 0, name=name)
         if c.op == "allgather":
@@ -208,7 +222,9 @@ class GlooImpl:
         self.allgather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self.reducescatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-    def bind(self, c: Case) -> Callable[[], np.ndarray]:
+    def bind(self, c: Case) -> Optional[Callable[[], np.ndarray]]:
+        if c.op == "allreduce-new":
+            return None  # torch.distributed reduces in place only
         t, dist = self.torch.from_numpy, self.dist
         if c.op in ("allreduce", "broadcast"):
             tb = t(c.buf)
@@ -223,6 +239,19 @@ class GlooImpl:
         return lambda: (dist.all_to_all_single(tr, ts), c.recv)[1]
 
 
+class TorchEngineImpl:
+    """``horovod.torch.allreduce`` on a CPU tensor: the binding's own result allocation (new results only)."""
+
+    def __init__(self, key: str, torch, hvd_torch):
+        self.key, self.torch, self.hvd = key, torch, hvd_torch
+
+    def bind(self, c: Case) -> Optional[Callable[[], np.ndarray]]:
+        if c.op != "allreduce-new":
+            return None
+        hvd, tensor, name = self.hvd, self.torch.from_numpy(c.buf), f"bench.torch.{c.op}.{c.nbytes}"
+        return lambda: hvd.allreduce(tensor, op=hvd.Sum, name=name).numpy()
+
+
 class MpiImpl:
     """mpi4py buffer-interface collectives on a duplicate of ``COMM_WORLD``."""
 
@@ -235,6 +264,12 @@ class MpiImpl:
         MPI, comm = self.MPI, self.comm
         if c.op == "allreduce":
             return lambda: (comm.Allreduce(MPI.IN_PLACE, c.buf, op=MPI.SUM), c.buf)[1]
+        if c.op == "allreduce-new":
+            def fresh() -> np.ndarray:
+                out = np.empty_like(c.buf)
+                comm.Allreduce(c.buf, out, op=MPI.SUM)
+                return out
+            return fresh
         if c.op == "broadcast":
             return lambda: (comm.Bcast(c.buf, root=0), c.buf)[1]
         if c.op == "allgather":
@@ -280,10 +315,13 @@ def _validate(impls, case: Case, sync: Sync) -> Tuple[list, Dict[str, Callable],
     Returns the implementations still in the race, their bound calls, and for the others a record fragment:
     ``{"error": text, "wrong": True}`` when the result differed from numpy, without ``wrong`` when it raised.
     """
-    calls, errors = {}, {}
+    calls, errors, applicable = {}, {}, []
     for impl in impls:
         try:
             call = impl.bind(case)
+            if call is None:  # this collective is not theirs (the same answer on every rank)
+                continue
+            applicable.append(impl)
             case.load_pattern()
             err = case.check(call())
             if err:
@@ -291,7 +329,10 @@ def _validate(impls, case: Case, sync: Sync) -> Tuple[list, Dict[str, Callable],
         except Exception as exc:  # one broken peer library must not take the others' numbers down
             call = None
             errors[impl.key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if impl not in applicable:
+                applicable.append(impl)
         calls[impl.key] = call
+    impls = applicable
     # 2 = wrong somewhere, 1 = raised somewhere: every rank drops the same implementations
     flags = sync.max([2.0 if errors.get(impl.key, {}).get("wrong") else 1.0 if impl.key in errors else 0.0
                       for impl in impls])
@@ -359,38 +400,57 @@ def sweep(spec: dict, impls: list, sync: Sync, emit: Emitter, rank: int, size: i
 
 
 def latency(spec: dict, impls: list, sync: Sync, emit: Emitter, rank: int, size: int) -> None:
-    """8-byte allreduce, call by call, in alternating blocks per implementation."""
+    """8-byte allreduce, call by call, in alternating blocks per implementation, in each of LATENCY_PATTERNS.
+
+    *back to back*: calls follow each other (a tight loop). *barrier before each*: the ranks line up on a raw
+    transport barrier before every call, so none arrives late. *1 ms compute before each*: every rank sleeps 1 ms
+    before every call, as a training step computes between collectives; peers that have gone to sleep must be
+    woken, which a tight loop never shows. Only the collective itself is timed.
+    """
     case = Case("allreduce", 8, rank, size)
     active, calls, errors = _validate(impls, case, sync)
     for key, err in errors.items():
-        emit({"kind": "latency", "bytes": case.nbytes, "impl": key, **err})
+        emit({"kind": "latency", "bytes": case.nbytes, "impl": key, "pattern": LATENCY_PATTERNS[0], **err})
     case.reset_for_timing()
     for impl in active:
         for _ in range(50):
             calls[impl.key]()
-    block = spec["lat_block"]
-    blocks = max(1, spec["lat_iters"] // block)
-    times: Dict[str, List[float]] = {impl.key: [] for impl in active}
     pc = time.perf_counter
-    for b in range(blocks):
-        for impl in _rotate(active, b):
-            call, out = calls[impl.key], times[impl.key]
-            sync.barrier()
-            call()  # the first call after a barrier absorbs the ranks' exit skew: not counted
-            t_prev = pc()
-            for _ in range(block):
-                call()
-                t = pc()
-                out.append(t - t_prev)
-                t_prev = t
-    stats = []
-    for impl in active:
-        arr = np.array(times[impl.key])
-        stats += [float(np.median(arr)), float(np.percentile(arr, 90)), float(arr.mean())]
-    stats = sync.max(stats).reshape(len(active), 3) if active else []
-    for impl, (med, p90, mean) in zip(active, stats):
-        emit({"kind": "latency", "bytes": case.nbytes, "impl": impl.key, "median_s": float(med),
-              "p90_s": float(p90), "mean_s": float(mean), "iters": len(times[impl.key])})
+    for pattern in LATENCY_PATTERNS:
+        iters = spec["lat_iters"] if pattern == LATENCY_PATTERNS[0] else max(50, spec["lat_iters"] // 4)
+        block = min(spec["lat_block"], iters)
+        blocks = max(1, iters // block)
+        times: Dict[str, List[float]] = {impl.key: [] for impl in active}
+        for b in range(blocks):
+            for impl in _rotate(active, b):
+                call, out = calls[impl.key], times[impl.key]
+                sync.barrier()
+                call()  # the first call after a barrier absorbs the ranks' exit skew: not counted
+                if pattern == LATENCY_PATTERNS[0]:
+                    t_prev = pc()
+                    for _ in range(block):
+                        call()
+                        t = pc()
+                        out.append(t - t_prev)
+                        t_prev = t
+                    continue
+                for _ in range(block):
+                    if pattern == LATENCY_PATTERNS[1]:
+                        sync.barrier()
+                    else:
+                        time.sleep(0.001)
+                    t0 = pc()
+                    call()
+                    out.append(pc() - t0)
+        stats = []
+        for impl in active:
+            arr = np.array(times[impl.key])
+            stats += [float(np.median(arr)), float(np.percentile(arr, 90)), float(arr.mean())]
+        stats = sync.max(stats).reshape(len(active), 3) if active else []
+        for impl, (med, p90, mean) in zip(active, stats):
+            emit({"kind": "latency", "bytes": case.nbytes, "impl": impl.key, "pattern": pattern,
+                  "median_s": float(med), "p90_s": float(p90), "mean_s": float(mean),
+                  "iters": len(times[impl.key])})
 
 
 FUSION_VARIANTS = (
@@ -584,6 +644,9 @@ def worker(spec_path: str) -> None:
                                     world_size=size, timeout=_dt.timedelta(seconds=spec["timeout"]))
             cleanup.insert(0, dist.destroy_process_group)
             impls.append(GlooImpl(torch, dist))
+            import horovod.torch as hvd_torch  # the same engine, through the torch binding's result allocation
+
+            impls.append(TorchEngineImpl(f"torch-{transport}", torch, hvd_torch))
     else:  # mpi
         from mpi4py import MPI
 
@@ -665,6 +728,42 @@ def _mpi_available() -> Optional[str]:
     if _version("mpi4py") is None:
         return "mpi4py is not installed"
     return None
+
+
+def wakeup_probe(iters: int) -> Dict[str, Any]:
+    """The machine's floor for a collective after compute: two processes, each sleeps 1 ms, then one byte goes
+    to the peer (which is blocked in ``recv``) and one byte comes back; the round trip is timed. Nothing spins.
+    """
+    import socket
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # the peer: answer every byte after the same "compute"
+        a.close()
+        try:
+            for _ in range(iters + 20):
+                time.sleep(0.001)
+                if not b.recv(1):
+                    break
+                b.sendall(b"y")
+        finally:
+            os._exit(0)
+    b.close()
+    times = []
+    try:
+        for i in range(iters + 20):
+            time.sleep(0.001)
+            t0 = time.perf_counter()
+            a.sendall(b"x")
+            a.recv(1)
+            if i >= 20:
+                times.append(time.perf_counter() - t0)
+    finally:
+        a.close()
+        os.waitpid(pid, 0)
+    arr = np.array(times)
+    return {"kind": "wakeup", "np": 2, "median_s": float(np.median(arr)), "p90_s": float(np.percentile(arr, 90)),
+            "mean_s": float(arr.mean()), "iters": len(times)}
 
 
 def memcpy_ceiling(sizes: Sequence[int], rounds: int, sample_s: float) -> Dict[int, float]:
@@ -816,9 +915,10 @@ class Results:
             return None
         return nbytes / r["median_s"] / 1e9 * bus_factor(op, np_)
 
-    def latency(self, impl: str, np_: int = 2) -> Optional[dict]:
+    def latency(self, impl: str, np_: int = 2, pattern: str = LATENCY_PATTERNS[0]) -> Optional[dict]:
         for r in self.records:
-            if r.get("kind") == "latency" and r["impl"] == impl and r["np"] == np_ and "median_s" in r:
+            if (r.get("kind") == "latency" and r["impl"] == impl and r["np"] == np_ and "median_s" in r
+                    and r.get("pattern", LATENCY_PATTERNS[0]) == pattern):
                 return r
         return None
 
@@ -878,18 +978,27 @@ def render(args, res: Results, memcpy: Dict[int, float], info: Dict[str, str], f
         add("")
         add("## Latency: one 8-byte float32 allreduce, np = 2")
         add("")
+        add("Patterns: *back to back* (a tight loop); *barrier before each* (ranks line up first); *1 ms compute "
+            "before each* (every rank sleeps 1 ms before each call, as a training step computes between "
+            "collectives). Only the call is timed. The *wake-up probe* row is the machine's floor for the last "
+            "pattern: two processes ping-pong one byte over a Unix socket after the same 1 ms sleep.")
+        add("")
         rows = []
-        for impl in present + [i for i in ORDER if i not in present]:
-            for r in lat:
-                if r["impl"] != impl:
-                    continue
-                if "median_s" in r:
-                    rows.append([LABELS[impl], _fmt_time(r["median_s"]), _fmt_time(r["p90_s"]),
-                                 _fmt_time(r["mean_s"]), str(r["iters"])])
-                else:
-                    rows.append([LABELS[impl], "WRONG" if r.get("wrong") else "error", r.get("error", "")[:80],
-                                 "", ""])
-        lines += _table(["implementation", "median", "p90", "mean", "calls"], rows)
+        for pattern in LATENCY_PATTERNS:
+            for impl in present + [i for i in ORDER if i not in present]:
+                for r in lat:
+                    if r["impl"] != impl or r.get("pattern", LATENCY_PATTERNS[0]) != pattern:
+                        continue
+                    if "median_s" in r:
+                        rows.append([pattern, LABELS[impl], _fmt_time(r["median_s"]), _fmt_time(r["p90_s"]),
+                                     _fmt_time(r["mean_s"]), str(r["iters"])])
+                    else:
+                        rows.append([pattern, LABELS[impl], "WRONG" if r.get("wrong") else "error",
+                                     r.get("error", "")[:80], "", ""])
+        for r in res.kinds("wakeup"):
+            rows.append([LATENCY_PATTERNS[2], "wake-up probe (floor)", _fmt_time(r["median_s"]),
+                         _fmt_time(r["p90_s"]), _fmt_time(r["mean_s"]), str(r["iters"])])
+        lines += _table(["pattern", "implementation", "median", "p90", "mean", "calls"], rows)
 
     # -- fusion
     fus = res.kinds("fusion")
@@ -1056,10 +1165,26 @@ def _targets(res: Results, primary: str) -> List[List[str]]:
 
     rows.append(ratio_row(f"allreduce 64 MiB np=2 busbw, {LABELS[ours]} vs Gloo", 2, "gloo", 2.0))
     rows.append(ratio_row(f"allreduce 64 MiB np=2 busbw, {LABELS[ours]} vs Open MPI", 2, "openmpi", 1.2))
-    lat = res.latency(ours)
-    rows.append([f"8-byte allreduce np=2, {LABELS[ours]}, median",
-                 f"{lat['median_s'] * 1e6:.1f} µs (p90 {lat['p90_s'] * 1e6:.1f} µs)" if lat else "not measured",
-                 "≤ 100 µs", ("PASS" if lat["median_s"] <= 100e-6 else "FAIL") if lat else "n/a"])
+    floor = res.kinds("wakeup")
+    for pattern, limit in ((LATENCY_PATTERNS[0], 60e-6), (LATENCY_PATTERNS[2], 100e-6)):
+        lat, gloo = res.latency(ours, pattern=pattern), res.latency("gloo", pattern=pattern)
+        need = f"≤ {limit * 1e6:.0f} µs and ≥ 3× faster than Gloo"
+        if pattern == LATENCY_PATTERNS[2] and floor:
+            need += f" (or ≤ 1.5× the wake-up floor, {_fmt_time(floor[0]['median_s'])})"
+        if not lat:
+            rows.append([f"8-byte allreduce np=2, {pattern}, {LABELS[ours]}", "not measured", need, "n/a"])
+            continue
+        ok = lat["median_s"] <= limit or (pattern == LATENCY_PATTERNS[2] and floor
+                                          and lat["median_s"] <= 1.5 * floor[0]["median_s"])
+        ok = ok and (gloo is None or gloo["median_s"] >= 3 * lat["median_s"])
+        measured = f"{_fmt_time(lat['median_s'])}" + (f" vs Gloo {_fmt_time(gloo['median_s'])} = "
+                                                      f"{gloo['median_s'] / lat['median_s']:.1f}×" if gloo else "")
+        rows.append([f"8-byte allreduce np=2, {pattern}, {LABELS[ours]}", measured, need, "PASS" if ok else "FAIL"])
+    for impl in (ours, f"torch-{primary}"):
+        new, inplace = res.busbw("allreduce-new", 2, size64, impl), res.busbw("allreduce", 2, size64, ours)
+        rows.append([f"allreduce 64 MiB np=2, new result ({LABELS.get(impl, impl)}) ÷ in place ({LABELS[ours]})",
+                     f"{new:.2f} ÷ {inplace:.2f} GB/s = {new / inplace:.0%}" if new and inplace else "not measured",
+                     "≥ 80 %", ("PASS" if new >= 0.8 * inplace else "FAIL") if new and inplace else "n/a"])
     fus = res.kinds("fusion")
     if fus and "default" in fus[0]["median_s"] and "off" in fus[0]["median_s"]:
         m = fus[0]["median_s"]
@@ -1148,6 +1273,8 @@ def _drive(args, tmp: str, info: Dict[str, str], transports: List[str], primary:
     q = args.quick
     runner = Runner(args, tmp)
     memcpy = {} if "memcpy" in skip else memcpy_ceiling(args.sizes, args.rounds, args.sample_ms / 1000.0)
+    if "latency" not in skip and 2 in args.np:
+        runner.records.append(wakeup_probe(max(50, args.lat_iters // 4)))
     for np_ in args.np:
         phases = [p for p in ("sweep", "latency", "fusion") if p not in skip and (np_ == 2 or p == "sweep")]
         # the primary engine job (with Gloo in the same processes), then Open MPI, then the other transports

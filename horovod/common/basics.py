@@ -9,6 +9,7 @@ from typing import Dict, Optional, Sequence, Union
 
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.engine import config as _config
+from horovod.engine import result_pool
 from horovod.engine.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
 
 logger = logging.getLogger("horovod")
@@ -118,6 +119,7 @@ def shutdown() -> None:
                 ps._invalidate()
         _sets.clear()
     runtime.shutdown()
+    result_pool.pool().clear()  # a finished job keeps no recycled result memory
 
 
 def is_initialized() -> bool:

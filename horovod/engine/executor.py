@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from horovod.engine import ops
+from horovod.engine import ops, result_pool
 from horovod.engine.handles import Entry
 from horovod.engine.messages import Response
 from horovod.transport.base import Transport
@@ -72,7 +72,7 @@ class Executor:
     def _stage_out(self, src: np.ndarray, entry: Entry, shape, dtype: str) -> np.ndarray:
         out = entry.output
         if out is None:
-            out = np.empty(shape, dtype=ops.storage_dtype(dtype))
+            out = result_pool.empty(shape, dtype=ops.storage_dtype(dtype))
         if dtype == ops.BFLOAT16:
             ops.f32_to_bf16(src, _flat(out))
         else:
@@ -116,7 +116,7 @@ class Executor:
         if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16:
             entry = entries[0]
             if entry.output is None:
-                entry.output = np.empty_like(entry.tensor)
+                entry.output = result_pool.empty_like(entry.tensor)
             buf = _flat(entry.output)
             separate = entry.output is not entry.tensor and not np.shares_memory(entry.output, entry.tensor)
             if separate and pre == 1:
@@ -153,7 +153,7 @@ class Executor:
             return [None]
         result = np.frombuffer(resp.payload, dtype=ops.storage_dtype(resp.dtype))
         if entry.output is None:
-            entry.output = np.empty(resp.shapes[0], dtype=ops.storage_dtype(resp.dtype))
+            entry.output = result_pool.empty(resp.shapes[0], dtype=ops.storage_dtype(resp.dtype))
         np.copyto(_flat(entry.output), result, casting="no")
         return [entry.output]
 
@@ -190,7 +190,8 @@ class Executor:
             if entry is None:
                 results.append(None)
                 continue
-            out = entry.output if entry.output is not None else np.empty(shape, ops.storage_dtype(resp.dtype))
+            out = entry.output if entry.output is not None else result_pool.empty(shape,
+                                                                                  ops.storage_dtype(resp.dtype))
             if resp.dtype == ops.BFLOAT16:
                 ops.f32_to_bf16(a.astype(np.float32), _flat(out))
             else:
@@ -210,7 +211,7 @@ class Executor:
         if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16 and pre == 1.0:
             # One tensor is already laid out block by block: reduce straight from it into the result.
             entry, shape = entries[0], resp.shapes[0]
-            out = np.empty((splits[0][me],) + tuple(shape[1:]), dtype=cdt)
+            out = result_pool.empty((splits[0][me],) + tuple(shape[1:]), dtype=cdt)
             transport.reducescatter(_flat(entry.tensor), _flat(out), counts, ops.TRANSPORT_OP[resp.op])
             ops.scale_inplace(out, post)
             entry.output = out
@@ -231,7 +232,7 @@ class Executor:
                     np.copyto(send[offset:offset + n], src, casting="no")
                 offset += n
         ops.scale_inplace(send, pre)
-        recv = np.empty(counts[me], dtype=cdt)
+        recv = result_pool.empty(counts[me], dtype=cdt)
         transport.reducescatter(send, recv, counts, ops.TRANSPORT_OP[resp.op])
         ops.scale_inplace(recv, post)
         results: List[object] = []
@@ -253,7 +254,7 @@ class Executor:
         size, me = transport.size, transport.rank
         sdt = ops.storage_dtype(resp.dtype)
         rows = [_row_elems(shape) for shape in resp.shapes]
-        outputs = [np.empty((sum(dims),) + tuple(shape[1:]), dtype=sdt)
+        outputs = [result_pool.empty((sum(dims),) + tuple(shape[1:]), dtype=sdt)
                    for shape, dims in zip(resp.shapes, resp.first_dims)]
         if len(entries) == 1:
             counts = [d * rows[0] for d in resp.first_dims[0]]
@@ -266,7 +267,7 @@ class Executor:
             n = dims[me] * r
             np.copyto(send[offset:offset + n], _flat(entry.tensor), casting="no")
             offset += n
-        recv = np.empty(sum(counts), dtype=sdt)
+        recv = result_pool.empty(sum(counts), dtype=sdt)
         transport.allgatherv(send, recv, counts)
         offset = 0
         cursors = [0] * len(outputs)
@@ -284,7 +285,7 @@ class Executor:
         sdt = ops.storage_dtype(resp.dtype)
         for entry in entries:
             if entry.output is None:
-                entry.output = np.empty_like(entry.tensor)
+                entry.output = result_pool.empty_like(entry.tensor)
             if entry.output is not entry.tensor and transport.rank == root:
                 np.copyto(entry.output, entry.tensor, casting="no")
         if len(entries) == 1:
@@ -314,7 +315,7 @@ class Executor:
             r = _row_elems(shape)
             send_rows = matrix[me]
             recv_rows = [matrix[p][me] for p in range(transport.size)]
-            out = np.empty((sum(recv_rows),) + tuple(shape[1:]), dtype=sdt)
+            out = result_pool.empty((sum(recv_rows),) + tuple(shape[1:]), dtype=sdt)
             transport.alltoallv(_flat(entry.tensor), [s * r for s in send_rows], _flat(out),
                                 [s * r for s in recv_rows])
             results.append((out, np.asarray(recv_rows, dtype=np.int32)))

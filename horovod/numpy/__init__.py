@@ -22,7 +22,7 @@ from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  
                                          group_op_names, op_name,
                                          global_process_set, remove_process_set)
 from horovod.common.util import handle_average_backwards_compatibility
-from horovod.engine import collectives
+from horovod.engine import collectives, result_pool
 from horovod.engine.handles import HandleTable
 from horovod.engine.collectives import blocking
 
@@ -54,7 +54,7 @@ def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None, p
     t = _arr(tensor)
     return _handles.add(collectives.allreduce_async(
         [t], [op_name("allreduce", name, process_set)], op=op, prescale=prescale_factor,
-        postscale=postscale_factor, process_set=_set_id(process_set), outputs=[np.empty_like(t)]))
+        postscale=postscale_factor, process_set=_set_id(process_set), outputs=[result_pool.empty_like(t)]))
 
 
 @blocking
@@ -93,7 +93,7 @@ def grouped_allreduce_async(tensors: Sequence, average=None, name=None, op=None,
     names, _ = group_op_names("grouped_allreduce", name, len(arrays), process_set)
     return _handles.add(collectives.allreduce_async(
         arrays, names, op=op, prescale=prescale_factor, postscale=postscale_factor,
-        process_set=_set_id(process_set), outputs=[np.empty_like(a) for a in arrays], grouped=True))
+        process_set=_set_id(process_set), outputs=[result_pool.empty_like(a) for a in arrays], grouped=True))
 
 
 @blocking

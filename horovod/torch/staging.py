@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from horovod.engine import ops
+from horovod.engine import ops, result_pool
 
 # torch dtype -> engine dtype name (the engine's numpy dtype for it is ops.storage_dtype(name)).
 _ENGINE_DTYPE = {
@@ -98,9 +98,9 @@ class Staged:
         """A result buffer for an out-of-place reduction/broadcast: the staged copy, or a new host tensor."""
         if self.staged:
             return self.host, self.array
-        # Allocated by numpy, not torch: numpy advises transparent huge pages for large arrays, torch's CPU
-        # allocator does not, and faulting in a fresh 64 MiB result page by page costs ~15x the copy itself.
-        array = np.empty(self.array.shape, dtype=self.array.dtype)
+        # From the engine's result pool, not torch's allocator: large results reuse memory that is already
+        # faulted in (a fresh 64 MiB torch.empty is mapped and zeroed page by page, ~15x the copy itself).
+        array = result_pool.empty(self.array.shape, self.array.dtype)
         return to_torch(array, self.host.dtype), array
 
     def finish_inplace(self) -> torch.Tensor:

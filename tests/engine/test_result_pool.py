@@ -1,0 +1,100 @@
+"""Recycled result memory (horovod/engine/result_pool.py): a block comes back only when nothing can reach it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from horovod.engine import result_pool
+from horovod.engine.result_pool import MIN_BYTES, ResultPool, _Lease
+
+from tests.engine.engine_helpers import run
+
+BIG = MIN_BYTES // 4  # float32 elements of a pooled result
+
+
+@pytest.fixture(autouse=True)
+def empty_pool():
+    result_pool.pool().clear()
+    yield
+    result_pool.pool().clear()
+
+
+def test_block_returns_only_when_the_last_view_is_gone():
+    a = result_pool.empty((BIG,), np.float32)
+    assert isinstance(a.base, _Lease) and a.flags.writeable and a.flags.c_contiguous
+    address = a.ctypes.data
+    view = a[10:20].reshape(2, 5)
+    del a
+    assert result_pool.pool().free_bytes == 0  # the view still reaches the memory
+    del view
+    assert result_pool.pool().free_bytes == MIN_BYTES
+    b = result_pool.empty((BIG // 2, 2), np.float32)  # same byte count, other shape: the block is reused
+    assert b.ctypes.data == address and b.shape == (BIG // 2, 2)
+    assert result_pool.pool().free_bytes == 0
+
+
+def test_live_results_never_share_memory():
+    first = result_pool.empty(BIG, np.float32)
+    first[:] = 1
+    second = result_pool.empty(BIG, np.float32)
+    second[:] = 2
+    assert not np.shares_memory(first, second)
+    assert np.all(first == 1) and np.all(second == 2)
+
+
+def test_torch_tensor_keeps_the_block():
+    torch = pytest.importorskip("torch")
+    a = result_pool.empty(BIG, np.float32)
+    t = torch.from_numpy(a)
+    del a
+    assert result_pool.pool().free_bytes == 0
+    t.fill_(3.0)
+    assert float(t.sum()) == 3.0 * BIG
+    del t
+    assert result_pool.pool().free_bytes == MIN_BYTES
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.float16, np.int64, np.complex64])
+def test_dtypes_and_scalar_shapes(dtype):
+    itemsize = np.dtype(dtype).itemsize
+    a = result_pool.empty(MIN_BYTES // itemsize, dtype)
+    assert a.dtype == np.dtype(dtype) and a.shape == (MIN_BYTES // itemsize,) and isinstance(a.base, _Lease)
+    small = result_pool.empty((3, 2), dtype)
+    assert small.base is None and small.shape == (3, 2)  # below MIN_BYTES: plain numpy
+
+
+def test_cap_drops_the_least_recently_freed():
+    pool = ResultPool(max_bytes=3 * 1024)
+    blocks = [np.empty(1024, np.uint8) for _ in range(4)]
+    for b in blocks:
+        pool.release(b)
+    assert pool.free_bytes == 3 * 1024
+    taken = {id(pool.take(1024)) for _ in range(3)}
+    assert taken == {id(b) for b in blocks[1:]}  # blocks[0], freed first, was dropped
+    assert pool.free_bytes == 0
+    pool.release(np.empty(4 * 1024, np.uint8))  # larger than the whole cap: never kept
+    assert pool.free_bytes == 0
+
+
+def _two_results_in_a_row():
+    import horovod.numpy as hvd
+
+    hvd.init()
+    try:
+        x = np.full(BIG, hvd.rank() + 1, np.float32)
+        first = hvd.allreduce(x, op=hvd.Sum, name="first")
+        second = hvd.allreduce(x * 10, op=hvd.Sum, name="second")  # must not land in first's memory
+        del second
+        third = hvd.allreduce(x * 100, op=hvd.Sum, name="third")  # may reuse second's block
+        n = hvd.size()
+        total = n * (n + 1) / 2
+        return (bool(np.all(first == total)), bool(np.all(third == 100 * total)), bool(np.all(x == hvd.rank() + 1)),
+                isinstance(first.base, _Lease))
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_engine_results_stay_intact_while_alive(transport):
+    for first_ok, third_ok, input_ok, pooled in run(_two_results_in_a_row, 2, transport=transport):
+        assert first_ok and third_ok and input_ok and pooled
