@@ -1,0 +1,135 @@
+"""Where the time of one small allreduce goes: per-stage timestamps on both ranks of an np = 2 job.
+
+Usage::
+
+    python benchmarks/latency_stages.py                 # patterns: back to back, 1 ms compute before each
+    python benchmarks/latency_stages.py --calls 1000 --transport shm
+
+Each rank stamps ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, one clock for every process of the machine) at the
+stages of an 8-byte ``horovod.numpy.allreduce``: the call starts; the worker's request leaves (``send``); rank 0
+reads it (``receive``); rank 0's responses leave (``broadcast``); the worker reads them; each call returns. A
+``select`` that blocked and woke up is stamped too. The stamps come from wrapping those engine methods for the
+length of the job (a diagnostic: it adds a few microseconds per stage). The table shows the median time of each
+stamp after the earlier of the two calls started, and the median call time per rank.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import numpy as np
+
+PATTERNS = {"b2b": "back to back", "compute": "1 ms compute before each"}
+STAGES = [("start", "call starts"), ("sent", "request leaves (worker)"), ("select_woke", "blocked select wakes"),
+          ("received", "control message read"), ("resp_sent", "responses leave (rank 0)"), ("end", "call returns")]
+
+
+def worker(pattern: str, calls: int, out: str) -> None:
+    import horovod.numpy as hvd
+    from horovod.common import basics
+    from horovod.engine import controller
+
+    clock = time.perf_counter_ns
+    current: Dict[str, int] = {}
+
+    def stamp_around(cls, name: str, label: str, after: bool) -> None:
+        original = getattr(cls, name)
+
+        def stamped(*args, **kwargs):
+            if not after:
+                current.setdefault(label, clock())
+            result = original(*args, **kwargs)
+            if after:
+                current.setdefault(label, clock())
+            return result
+        setattr(cls, name, stamped)
+
+    stamp_around(controller.ControlPlane, "send", "sent", after=False)
+    stamp_around(controller.ControlPlane, "broadcast", "resp_sent", after=False)
+    stamp_around(controller.ControlPlane, "receive", "received", after=True)
+    hvd.init()
+    selector = basics._runtime._selector
+    plain_select = selector.select
+
+    def select(timeout=None):
+        events = plain_select(timeout)
+        if events and timeout != 0:
+            current.setdefault("select_woke", clock())
+        return events
+    selector.select = select
+
+    x = np.ones(2, np.float32)
+    for _ in range(100):
+        hvd.allreduce(x, name="stages")
+    records: List[Dict[str, int]] = []
+    for _ in range(calls):
+        if pattern == "compute":
+            time.sleep(0.001)
+        current.clear()
+        current["start"] = clock()
+        hvd.allreduce(x, name="stages")
+        current["end"] = clock()
+        records.append(dict(current))
+    with open(f"{out}.{hvd.rank()}", "w", encoding="utf-8") as f:
+        json.dump(records, f)
+    hvd.shutdown()
+
+
+def analyse(out: str) -> Dict[str, object]:
+    with open(f"{out}.0", encoding="utf-8") as f:
+        r0 = json.load(f)
+    with open(f"{out}.1", encoding="utf-8") as f:
+        r1 = json.load(f)
+    rows: Dict[str, List[float]] = {}
+    for a, b in zip(r0, r1):
+        t0 = min(a["start"], b["start"])
+        for who, rec in (("rank 0", a), ("rank 1", b)):
+            for key, value in rec.items():
+                rows.setdefault(f"{who}|{key}", []).append((value - t0) / 1e3)
+    calls = {"rank 0": float(np.median([a["end"] - a["start"] for a in r0])) / 1e3,
+             "rank 1": float(np.median([b["end"] - b["start"] for b in r1])) / 1e3}
+    return {"rows": {k: (float(np.median(v)), len(v)) for k, v in rows.items()}, "calls": calls, "n": len(r0)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--transport", default="shm")
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]), args.worker[2])
+        return 0
+    print(f"# Stages of one 8-byte allreduce, np = 2, HOROVOD_TRANSPORT={args.transport}, load average "
+          f"{os.getloadavg()[0]:.2f}\n")
+    print("Median microseconds after the earlier rank's call started (rank 0 is the coordinator).\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        for pattern, label in PATTERNS.items():
+            out = os.path.join(tmp, pattern)
+            env = dict(os.environ, HOROVOD_TRANSPORT=args.transport)
+            subprocess.run([sys.executable, "-m", "horovod.runner", "-np", "2", sys.executable, __file__,
+                            "--worker", pattern, str(args.calls), out], env=env, check=True, timeout=600,
+                           stdout=subprocess.DEVNULL)
+            res = analyse(out)
+            print(f"## {label}\n")
+            print("| stage | rank 0 | rank 1 |")
+            print("| --- | ---: | ---: |")
+            for key, text in STAGES:
+                cells = []
+                for who in ("rank 0", "rank 1"):
+                    value = res["rows"].get(f"{who}|{key}")
+                    cells.append("–" if value is None else f"{value[0]:.1f}" + (
+                        f" ({value[1]} of {res['n']} calls)" if value[1] < res["n"] else ""))
+                print(f"| {text} | {cells[0]} | {cells[1]} |")
+            print(f"| **call time** | {res['calls']['rank 0']:.1f} | {res['calls']['rank 1']:.1f} |\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
