@@ -4,7 +4,11 @@ A large allreduce is split in three: a shared-memory reduce-scatter among the ra
 of each rank's share among the ranks that hold the same share on the other hosts, and a shared-memory allgather.
 Only ``1 / local_size`` of the data crosses the network from each rank, and every host link carries traffic at
 once.  When hosts run different numbers of ranks, the local leaders do the cross-host step for the whole host.
-Collectives other than allreduce, and process-set subgroups, use the flat TCP mesh.
+
+With ``HOROVOD_HIERARCHICAL_ALLGATHER=1`` an allgather is split the same way: a shared-memory allgather inside each
+host, one TCP allgather of whole host blocks among the hosts' leaders, and a shared-memory broadcast of the result,
+so each host's data crosses the network once instead of once per rank.  Other collectives, and process-set
+subgroups, use the flat TCP mesh.
 """
 from __future__ import annotations
 
@@ -41,18 +45,22 @@ class HierarchicalTransport(Transport):
         local: the shared-memory transport over this host's ranks.
         groups: global ranks per host.
         hierarchical_allreduce: False to use the flat TCP allreduce (``HOROVOD_HIERARCHICAL_ALLREDUCE=0``).
+        hierarchical_allgather: True to gather inside each host first (``HOROVOD_HIERARCHICAL_ALLGATHER=1``).
     """
 
     name = "hierarchical"
 
-    def __init__(self, flat: Transport, local: Transport, groups: List[List[int]], hierarchical_allreduce: bool):
+    def __init__(self, flat: Transport, local: Transport, groups: List[List[int]], hierarchical_allreduce: bool,
+                 hierarchical_allgather: bool = False):
         self.flat, self.local = flat, local
         self.rank, self.size = flat.rank, flat.size
         self.groups = groups
         self.enabled = hierarchical_allreduce
+        self.allgather_enabled = hierarchical_allgather
+        self.host_major = [r for g in groups for r in g] == list(range(self.size))  # hosts hold rank ranges
         self.homogeneous = len({len(g) for g in groups}) == 1
-        my_group = next(g for g in groups if self.rank in g)
-        self.local_index = my_group.index(self.rank)
+        self.group_index = next(i for i, g in enumerate(groups) if self.rank in g)
+        self.local_index = groups[self.group_index].index(self.rank)
         # Ranks holding the same share on every host (homogeneous), and one leader per host (otherwise).
         self.cross = flat.subgroup([g[self.local_index] for g in groups]) if self.homogeneous else None
         self.leaders = flat.subgroup([g[0] for g in groups]) if self.local_index == 0 else None
@@ -83,7 +91,26 @@ class HierarchicalTransport(Transport):
             self.local.broadcast(buf, 0)
 
     def allgatherv(self, send, recv, counts):
-        self.flat.allgatherv(send, recv, counts)
+        if not self.allgather_enabled or len(self.groups) == 1 or all(len(g) == 1 for g in self.groups):
+            self.flat.allgatherv(send, recv, counts)
+            return
+        counts = list(counts)
+        total = sum(counts)
+        # Gathered host by host; when hosts do not hold contiguous rank ranges, reordered by rank at the end.
+        gathered = recv[:total] if self.host_major else self._share(total, recv.dtype)
+        host_totals = [sum(counts[r] for r in g) for g in self.groups]
+        start = sum(host_totals[:self.group_index])
+        host_block = gathered[start:start + host_totals[self.group_index]]
+        self.local.allgatherv(send, host_block, [counts[r] for r in self.groups[self.group_index]])
+        if self.local_index == 0:
+            self.leaders.allgatherv(host_block.copy(), gathered, host_totals)
+        self.local.broadcast(gathered, 0)
+        if not self.host_major:
+            rank_offsets = np.concatenate([[0], np.cumsum(counts)])
+            position = 0
+            for r in (r for g in self.groups for r in g):
+                recv[rank_offsets[r]:rank_offsets[r] + counts[r]] = gathered[position:position + counts[r]]
+                position += counts[r]
 
     def broadcast(self, buf, root):
         self.flat.broadcast(buf, root)
@@ -133,4 +160,5 @@ def create_hierarchical(boot: Bootstrap) -> Transport:
     except BaseException:
         flat.close()
         raise
-    return HierarchicalTransport(flat, local, groups, bool(boot.options.get("hierarchical_allreduce", True)))
+    return HierarchicalTransport(flat, local, groups, bool(boot.options.get("hierarchical_allreduce", True)),
+                                 bool(boot.options.get("hierarchical_allgather", False)))

@@ -57,3 +57,44 @@ def test_hierarchical_can_be_switched_off():
                         hosts=["localhost", "localhost", "127.0.0.1", "127.0.0.1"],
                         env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, timeout=120)
     assert all(failures == [] for _, _, failures in results)
+
+
+def _allgather_job(row_counts):
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from horovod.common import basics
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    world = basics.runtime().world
+    failures = []
+    for rows in row_counts:
+        for dtype in ("float32", "int64", "uint8"):
+            # Rank r contributes rows(r) rows of 3 values that name their rank: the result must be in rank order.
+            mine = rows(rank)
+            piece = (np.arange(mine * 3).reshape(mine, 3) + 1000 * rank).astype(dtype)
+            got = hvd.allgather(piece, name=f"ag.{rows(0)}.{rows(1)}.{dtype}")
+            expected = np.concatenate([(np.arange(rows(r) * 3).reshape(rows(r), 3) + 1000 * r).astype(dtype)
+                                       for r in range(size)])
+            if got.shape != expected.shape or not np.array_equal(got, expected):
+                failures.append((rows(0), rows(1), dtype))
+    grouped = hvd.grouped_allgather([np.full((2,), rank), np.full((rank + 1, 2), rank * 1.5)], name="gag")
+    if grouped[0].tolist() != [r for r in range(size) for _ in range(2)] or \
+            grouped[1][:, 0].tolist() != [r * 1.5 for r in range(size) for _ in range(r + 1)]:
+        failures.append("grouped")
+    return world.name, getattr(world, "allgather_enabled", None), failures
+
+
+@pytest.mark.parametrize("hosts", [
+    ["localhost", "localhost", "127.0.0.1", "127.0.0.1"],   # hosts hold rank ranges: gathered in place
+    ["localhost", "127.0.0.1", "localhost", "127.0.0.1"],   # interleaved: gathered host by host, then reordered
+    ["localhost", "localhost", "127.0.0.1"],                # uneven
+])
+def test_hierarchical_allgather_matches_numpy(hosts):
+    row_counts = [lambda r: r + 1, lambda r: 0 if r % 2 else 50_000, lambda r: 0]
+    results = run_ranks(_allgather_job, len(hosts), args=(row_counts,), hosts=hosts,
+                        env={"HOROVOD_HIERARCHICAL_ALLGATHER": "1"}, timeout=120)
+    for rank, (name, enabled, failures) in enumerate(results):
+        assert (name, enabled) == ("hierarchical", True)
+        assert failures == [], f"rank {rank}: {failures}"
