@@ -39,10 +39,6 @@ class ControlPlane:
         # User threads (requests) and the background thread (shutdown notices) both send: frames must not mix.
         self._send_locks = {peer: threading.Lock() for peer in peers}
 
-    @property
-    def is_coordinator(self) -> bool:
-        return self.rank == 0
-
     @classmethod
     def connect(cls, rank: int, size: int, store, scope: str, secret: bytes, bind_addr: str,
                 timeout: float) -> "ControlPlane":

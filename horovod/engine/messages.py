@@ -96,7 +96,6 @@ class Response:
 
 
 ERROR = 8
-SHUTDOWN = 9
 
 
 @_pickled_as_tuple

@@ -20,7 +20,7 @@ from horovod.engine.cache import inline_data
 from horovod.engine.messages import ERROR, Request, Response
 from horovod.transport.base import reduce_into
 
-REDUCTIONS = (ops.ALLREDUCE, ops.ADASUM, ops.REDUCESCATTER)
+REDUCTIONS = (ops.ALLREDUCE, ops.REDUCESCATTER)
 
 
 @dataclass
@@ -120,7 +120,7 @@ def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ())
                 return _mismatch(name, f"Mismatched {verb}_process_set calls: one rank asked for {first.payload}, "
                                        f"another for {other.payload}; every rank must make the same calls in the "
                                        f"same order.", first, other)
-    if set(joined) and first.kind not in (ops.ALLREDUCE, ops.ADASUM):
+    if set(joined) and first.kind != ops.ALLREDUCE:
         label = {ops.ALLGATHER: "Allgather", ops.BROADCAST: "Broadcast", ops.ALLTOALL: "Alltoall",
                  ops.REDUCESCATTER: "Reducescatter"}.get(first.kind, kind_name)
         return (f"{label} is not supported with Join at this time (tensor '{name}': ranks "

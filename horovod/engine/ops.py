@@ -11,21 +11,18 @@ OP_NAMES = {Average: "AVERAGE", Sum: "SUM", Adasum: "ADASUM", Min: "MIN", Max: "
 # What the transport is asked to do for each op (Average = sum then scale; Adasum is engine-level).
 TRANSPORT_OP = {Average: "sum", Sum: "sum", Min: "min", Max: "max", Product: "product"}
 
-# Request kinds (the original's numbering, for timeline names and messages).
-ALLREDUCE, ALLGATHER, BROADCAST, JOIN, ADASUM, ALLTOALL, BARRIER, REDUCESCATTER = range(8)
+# Request kinds (the original's numbering, for timeline names and messages). Number 4 was the original's ADASUM
+# kind; here Adasum is an allreduce whose op is Adasum, so that number is never used.
+ALLREDUCE, ALLGATHER, BROADCAST, JOIN, _, ALLTOALL, BARRIER, REDUCESCATTER = range(8)
 ADD_PROCESS_SET, REMOVE_PROCESS_SET = 100, 101
 KIND_NAMES = {ALLREDUCE: "ALLREDUCE", ALLGATHER: "ALLGATHER", BROADCAST: "BROADCAST", JOIN: "JOIN",
-              ADASUM: "ADASUM", ALLTOALL: "ALLTOALL", BARRIER: "BARRIER", REDUCESCATTER: "REDUCESCATTER",
+              ALLTOALL: "ALLTOALL", BARRIER: "BARRIER", REDUCESCATTER: "REDUCESCATTER",
               ADD_PROCESS_SET: "ADD_PROCESS_SET", REMOVE_PROCESS_SET: "REMOVE_PROCESS_SET"}
-# Name prefixes used for tensor names (also what the timeline shows).
-KIND_PREFIX = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast", ALLTOALL: "alltoall",
-               REDUCESCATTER: "reducescatter", ADASUM: "allreduce", BARRIER: "barrier", JOIN: "join"}
 
 # dtypes the engine moves.  bfloat16 travels as its uint16 bit pattern and is reduced in float32.
 BFLOAT16 = "bfloat16"
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64",
                     "bool", BFLOAT16)
-REDUCIBLE_DTYPES = frozenset(SUPPORTED_DTYPES)
 
 _NUMPY_OF: Dict[str, np.dtype] = {name: np.dtype(name) for name in SUPPORTED_DTYPES if name != BFLOAT16}
 _NUMPY_OF[BFLOAT16] = np.dtype(np.uint16)
