@@ -90,7 +90,7 @@ class Autotuner:
         self.warmup = max(0, int(config.autotune_warmup_samples))
         self.max_samples = max(1, int(config.autotune_bayes_opt_max_samples))
         self.noise = float(config.autotune_gaussian_process_noise)
-        self.current = (config.fusion_threshold / MIB, float(config.cycle_time_ms))
+        self.current = self._configured = (config.fusion_threshold / MIB, float(config.cycle_time_ms))
         self.samples: List[Tuple[Tuple[float, float], float]] = []
         self.done = not (self.tune_fusion or self.tune_cycle)
         self._rng = np.random.default_rng(0)
@@ -99,6 +99,11 @@ class Autotuner:
         self._bytes = 0
         self._start: Optional[float] = None
         self._warmups_left = self.warmup
+        # The log keeps the original's columns; the categorical ones are not tuned here, so each row records the
+        # job's setting of them.
+        self._categorical = ",".join(str(int(bool(v))) for v in (
+            config.hierarchical_allreduce, config.hierarchical_allgather, config.torus_allreduce,
+            config.cache_capacity > 0))
         self._log = open(log_path, "w", encoding="utf-8") if log_path else None
         if self._log:
             self._log.write(LOG_HEADER + "\n")
@@ -115,7 +120,10 @@ class Autotuner:
 
     def _write(self, point: Tuple[float, float], score: float) -> None:
         if self._log:
-            self._log.write(f"0,0,0,1,{point[1]:.3f},{int(point[0] * MIB)},{score:.6f}\n")
+            # What the job ran with: a fixed knob keeps the value it was given, whatever point was proposed.
+            fusion_mib = point[0] if self.tune_fusion else self._configured[0]
+            cycle_ms = point[1] if self.tune_cycle else self._configured[1]
+            self._log.write(f"{self._categorical},{cycle_ms:.3f},{int(round(fusion_mib * MIB))},{score:.6f}\n")
             self._log.flush()
 
     def record(self, nbytes: int, now: float) -> Optional[Dict[str, object]]:

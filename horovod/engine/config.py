@@ -69,7 +69,7 @@ KNOBS: Tuple[Knob, ...] = (
          negatable=True),
     # Autotune.
     Knob("autotune", bool, False, "HOROVOD_AUTOTUNE", "--autotune", "autotune.enabled",
-         "Tune fusion threshold, cycle time and categorical knobs with Bayesian optimisation.", negatable=True),
+         "Tune the fusion threshold and cycle time with Bayesian optimisation (knobs set explicitly stay fixed).", negatable=True),
     Knob("autotune_log", str, "", "HOROVOD_AUTOTUNE_LOG", "--autotune-log-file", "autotune.log_file",
          "CSV file where rank 0 logs every autotune sample."),
     Knob("autotune_warmup_samples", int, 3, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "--autotune-warmup-samples",

@@ -26,6 +26,7 @@ def test_gaussian_process_interpolates_and_proposes_near_the_optimum():
 
 def test_fixed_knobs_are_never_tuned(tmp_path):
     cfg = config.load({"HOROVOD_AUTOTUNE": "1", "HOROVOD_FUSION_THRESHOLD": "1048576",
+                       "HOROVOD_HIERARCHICAL_ALLGATHER": "1", "HOROVOD_CACHE_CAPACITY": "0",
                        "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
                        "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"})
     tuner = autotune.Autotuner(cfg, str(tmp_path / "log.csv"))
@@ -36,6 +37,9 @@ def test_fixed_knobs_are_never_tuned(tmp_path):
     rows = list(csv.reader(open(tmp_path / "log.csv")))
     assert rows[0] == autotune.LOG_HEADER.split(",")
     assert len(rows) == 1 + 6 + 1  # header, every sample, the final choice
+    # The categorical columns record the job's own settings (hierarchical allgather on, cache off).
+    assert all(row[:4] == ["0", "1", "0", "0"] for row in rows[1:])
+    assert all(int(row[5]) == 1048576 for row in rows[1:])  # the fixed fusion threshold
 
 
 def _tuning_job():
