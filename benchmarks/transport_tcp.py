@@ -7,7 +7,7 @@ bus bandwidth (algbw * 2 (np - 1) / np, the figure comparable across world sizes
 Usage:
     python benchmarks/transport_tcp.py                  # np = 2 and 4, 4 KiB .. 64 MiB
     python benchmarks/transport_tcp.py --np 2 --min 8 --max 64M --iters 20
-    python benchmarks/transport_tcp.py --op max --dtype float64 --option chunk_bytes=524288
+    python benchmarks/transport_tcp.py --op max --dtype float64 --option tcp_chunk_bytes=524288
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--op", default="sum", choices=["sum", "min", "max", "product"])
     ap.add_argument("--option", action="append", default=[], metavar="KEY=INT",
-                    help="transport option, e.g. small_message_bytes=65536 or chunk_bytes=1048576")
+                    help="transport option, e.g. small_message_bytes=65536 or tcp_chunk_bytes=1048576")
     ap.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds per world")
     args = ap.parse_args(argv)
     args.options = {k: int(v) for k, v in (o.split("=", 1) for o in args.option)}

@@ -19,7 +19,7 @@ from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.runtime import Runtime
 from horovod.transport import sockets
-from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport
+from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport, TransportOptions
 
 logger = logging.getLogger(__name__)
 
@@ -154,13 +154,13 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
                      cross_rank=topo.cross_rank, cross_size=topo.cross_size, hostname=topo.hostname, store=store,
                      secret=secret, bind_addr=bind_addr, timeout=float(config.gloo_timeout_seconds),
                      scope=scope + "-" + name,
-                     options={"small_message_bytes": config.small_message_bytes, "mpi_comm": mpi_comm,
-                              "fusion_threshold": config.fusion_threshold,
-                              # Multi-host jobs use it unless HOROVOD_HIERARCHICAL_ALLREDUCE=0 says otherwise.
-                              "hierarchical_allreduce": config.hierarchical_allreduce
-                              or "hierarchical_allreduce" not in config.fixed,
-                              "hierarchical_allgather": config.hierarchical_allgather,
-                              "mpi_threads_disable": config.mpi_threads_disable})
+                     options=TransportOptions(
+                         small_message_bytes=config.small_message_bytes, mpi_comm=mpi_comm,
+                         # Multi-host jobs use it unless HOROVOD_HIERARCHICAL_ALLREDUCE=0 says otherwise.
+                         hierarchical_allreduce=config.hierarchical_allreduce
+                         or "hierarchical_allreduce" not in config.fixed,
+                         hierarchical_allgather=config.hierarchical_allgather,
+                         mpi_threads_disable=config.mpi_threads_disable))
     try:
         world = factory(boot)
     except Exception:

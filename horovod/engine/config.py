@@ -140,7 +140,8 @@ KNOBS: Tuple[Knob, ...] = (
          "horovod.torch DistributedOptimizer (without groups): small gradients travel packed in buckets of up to "
          "this many bytes, one allreduce per bucket (0: one allreduce per gradient)."),
     Knob("small_message_bytes", int, 256 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
-         "Below this many bytes collectives use latency-optimal algorithms instead of rings."),
+         "tcp transport: below this many bytes, latency-optimal algorithms instead of rings (shm switches at "
+         "1 MiB on its own)."),
 )
 
 KNOBS_BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}

@@ -10,7 +10,8 @@ Transports register themselves by name in :data:`REGISTRY`; the engine picks one
 from __future__ import annotations
 
 import abc
-from typing import Callable, Dict, Optional, Sequence
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -165,6 +166,66 @@ class Store(abc.ABC):
     def get(self, scope: str, key: str, timeout: Optional[float] = None) -> bytes: ...
 
 
+MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportOptions:
+    """Every setting a transport reads, typed and in one place; each transport reads only its own.
+
+    The engine builds one from its config (:mod:`horovod.engine.bootstrap`); tests and benchmarks may pass a
+    mapping of the same names to :class:`Bootstrap`, and an unknown name is refused rather than ignored.
+
+    Attributes:
+        small_message_bytes: tcp: below this many bytes, latency-optimal algorithms instead of rings
+            (``HOROVOD_SMALL_MESSAGE_BYTES``).
+        tcp_chunk_bytes: tcp: the largest pipeline segment of a ring step.
+        shm_segment_bytes: shm: shared memory per rank and group (two halves used alternately).
+        shm_chunk_bytes: shm: allreduce pipeline chunk.
+        shm_small_bytes: shm: one-step allreduce while bytes × ranks is at most this.
+        shm_spin_us: shm: adaptive spin before blocking (None: the engine's default for this host).
+        shm_backing: shm: ``"memfd"`` (anonymous) or ``"file"`` (a file under /dev/shm).
+        hierarchical_allreduce: hierarchical: split allreduce into host and cross-host steps.
+        hierarchical_allgather: hierarchical: gather inside each host first (``HOROVOD_HIERARCHICAL_ALLGATHER``).
+        mpi_comm: mpi: the communicator to use (``MPI.COMM_WORLD`` when None).
+        mpi_float16: mpi: how float16 is reduced (see :mod:`horovod.transport.mpi`; None: the default).
+        mpi_threads_disable: mpi: initialise MPI without thread support (``HOROVOD_MPI_THREADS_DISABLE``).
+    """
+
+    small_message_bytes: int = 256 * 1024
+    tcp_chunk_bytes: int = MIB
+    # Measured on 2 cores: smaller chunks and halves keep the working set in L2/L3 and beat larger ones at 64 MiB.
+    shm_segment_bytes: int = 4 * MIB  # two halves of 2 MiB: all the memory a rank adds per group
+    shm_chunk_bytes: int = MIB
+    # An allreduce of n bytes is one step (every rank reduces all n * size bytes) while n * size <= this: measured
+    # crossover with the two-step reduce-scatter + allgather at 512 KiB (np = 2) and 256 KiB (np = 4).
+    shm_small_bytes: int = MIB
+    shm_spin_us: Optional[float] = None
+    shm_backing: str = "memfd"
+    hierarchical_allreduce: bool = True
+    hierarchical_allgather: bool = False
+    mpi_comm: Any = None
+    mpi_float16: Optional[str] = None
+    mpi_threads_disable: bool = False
+
+    @classmethod
+    def of(cls, value: Union[None, "TransportOptions", Mapping[str, Any]]) -> "TransportOptions":
+        """``value`` as options: None gives the defaults; a mapping must use the attribute names above.
+
+        Raises:
+            ValueError: a name no transport reads.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown transport option(s) {unknown}; expected some of {sorted(known)}")
+        return cls(**value)
+
+
 class Bootstrap:
     """Everything a transport factory needs to connect the world group.
 
@@ -175,17 +236,17 @@ class Bootstrap:
         bind_addr: the local address to listen on (never wider than needed).
         timeout: seconds any blocking wait may take before :class:`TransportError`.
         scope: a key prefix unique to this ``init()`` (re-initialisation must not read stale keys).
-        options: transport-specific knobs (e.g. ``small_message_bytes``), from the engine config.
+        options: the transports' settings (:class:`TransportOptions`).
     """
 
     def __init__(self, rank: int, size: int, *, local_rank: int = 0, local_size: int = 1, cross_rank: int = 0,
                  cross_size: int = 1, hostname: str = "localhost", store=None, secret: bytes = b"",
                  bind_addr: str = "127.0.0.1", timeout: float = 30.0, scope: str = "tcp",
-                 options: Optional[dict] = None):
+                 options: Union[None, TransportOptions, Mapping[str, Any]] = None):
         self.rank, self.size = rank, size
         self.local_rank, self.local_size = local_rank, local_size
         self.cross_rank, self.cross_size = cross_rank, cross_size
         self.hostname = hostname
         self.store, self.secret, self.bind_addr = store, secret, bind_addr
         self.timeout, self.scope = timeout, scope
-        self.options = dict(options or {})
+        self.options = TransportOptions.of(options)

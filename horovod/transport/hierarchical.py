@@ -160,5 +160,5 @@ def create_hierarchical(boot: Bootstrap) -> Transport:
     except BaseException:
         flat.close()
         raise
-    return HierarchicalTransport(flat, local, groups, bool(boot.options.get("hierarchical_allreduce", True)),
-                                 bool(boot.options.get("hierarchical_allgather", False)))
+    return HierarchicalTransport(flat, local, groups, boot.options.hierarchical_allreduce,
+                                 boot.options.hierarchical_allgather)

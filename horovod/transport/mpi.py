@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 _INSTALL_HINT = "pip install mpi4py (or pip install horovod-next[mpi]) on top of an MPI library such as Open MPI"
 
-# float16 reduction strategies (``Bootstrap.options['mpi_float16']``), see :class:`MpiTransport`.
+# float16 reduction strategies (``TransportOptions.mpi_float16``), see :class:`MpiTransport`.
 F16_NUMPY, F16_NATIVE, F16_UPCAST = "numpy", "native", "upcast"
 F16_MODES = (F16_NUMPY, F16_NATIVE, F16_UPCAST)
 
@@ -515,7 +515,7 @@ def _displs(counts: Sequence[int]) -> list:
 
 @register("mpi")
 def create_mpi(boot: Bootstrap) -> MpiTransport:
-    """Build the world transport from ``boot.options['mpi_comm']`` (``MPI.COMM_WORLD`` when absent).
+    """Build the world transport from ``boot.options.mpi_comm`` (``MPI.COMM_WORLD`` when absent).
 
     Collective over the communicator (it is duplicated).  Options: ``mpi_comm``, ``mpi_float16``
     (``numpy``/``native``/``upcast``, see :class:`MpiTransport`), ``mpi_threads_disable`` (applied through
@@ -526,16 +526,16 @@ def create_mpi(boot: Bootstrap) -> MpiTransport:
         ImportError: mpi4py is not installed (the message says what to install).
         ValueError: the communicator's rank or size differs from ``boot.rank`` / ``boot.size``.
     """
-    configure_mpi4py(bool(boot.options.get("mpi_threads_disable", False)))
+    configure_mpi4py(boot.options.mpi_threads_disable)
     MPI = _mpi()
-    comm = boot.options.get("mpi_comm")
+    comm = boot.options.mpi_comm
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     if (rank, size) != (boot.rank, boot.size):
         raise ValueError(f"MPI communicator has rank {rank} of {size} but the bootstrap says rank {boot.rank} of "
                          f"{boot.size}; start the job with mpirun (or pass the communicator hvd.init(comm=...) "
                          f"uses) so both agree")
-    transport = MpiTransport(comm, float16=boot.options.get("mpi_float16") or F16_NUMPY)
+    transport = MpiTransport(comm, float16=boot.options.mpi_float16 or F16_NUMPY)
     logger.debug("MPI transport up: rank %d of %d, thread level %d, float16 reduced by %s", rank, size,
                  MPI.Query_thread(), transport.float16)
     return transport

@@ -645,10 +645,9 @@ def create_shm(boot: Bootstrap) -> ShmTransport:
 
     Args:
         boot: the world bootstrap; ``boot.store`` carries the UNIX socket addresses under ``boot.scope + '-shm'``.
-            Options: ``shm_segment_bytes`` (per rank and group, default 4 MiB), ``shm_chunk_bytes`` (allreduce
-            pipeline chunk, 1 MiB), ``shm_small_bytes`` (one-step allreduce while bytes × size is at most this,
-            1 MiB), ``shm_spin_us`` (adaptive spin before blocking; default 20 µs when every rank has a core,
-            else 0), ``shm_backing`` (``memfd`` or ``file``).
+            Options (:class:`TransportOptions`): ``shm_segment_bytes``, ``shm_chunk_bytes``, ``shm_small_bytes``,
+            ``shm_spin_us`` (adaptive spin before blocking; default 20 µs when every rank has a core, else 0),
+            ``shm_backing``.
 
     Raises:
         TransportError: the ranks are not all on this host, or a peer did not connect in ``boot.timeout``.

@@ -28,12 +28,7 @@ from horovod.transport.base import Bootstrap, LocalTransport, Transport, Transpo
 logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
-# Measured on 2 cores: smaller chunks and halves keep the working set in L2/L3 and beat larger ones at 64 MiB.
-DEFAULT_SEGMENT_BYTES = 4 * MIB  # two halves of 2 MiB: all the memory a rank adds per group
-DEFAULT_CHUNK_BYTES = 1 * MIB  # allreduce pipeline chunk
-# An allreduce of n bytes is one step (every rank reduces all n * size bytes) while n * size <= this: measured
-# crossover with the two-step reduce-scatter + allgather at 512 KiB (np = 2) and 256 KiB (np = 4).
-DEFAULT_SMALL_BYTES = 1 * MIB
+# Segment, chunk and one-step sizes are TransportOptions (horovod/transport/base.py), with how they were chosen.
 DEFAULT_SPIN_US = 20.0  # only when every rank on the host has a core of its own
 
 _PAGE = 4096
@@ -186,11 +181,11 @@ class _Node:
         self.rank, self.size = boot.rank, boot.size
         self.timeout = float(boot.timeout)
         self.token = hmac.new(boot.secret, b"shm|" + boot.scope.encode(), hashlib.sha256).hexdigest()[:16]
-        self.segment_bytes = max(int(opts.get("shm_segment_bytes", DEFAULT_SEGMENT_BYTES)), 2 * _PAGE)
-        self.chunk_bytes = max(int(opts.get("shm_chunk_bytes", DEFAULT_CHUNK_BYTES)), _PAGE)
-        self.small_bytes = int(opts.get("shm_small_bytes", DEFAULT_SMALL_BYTES))
-        self.spin_us = opts.get("shm_spin_us")
-        self.backing = str(opts.get("shm_backing", "memfd"))
+        self.segment_bytes = max(int(opts.shm_segment_bytes), 2 * _PAGE)
+        self.chunk_bytes = max(int(opts.shm_chunk_bytes), _PAGE)
+        self.small_bytes = int(opts.shm_small_bytes)
+        self.spin_us = opts.shm_spin_us
+        self.backing = str(opts.shm_backing)
         if self.backing not in ("memfd", "file"):
             raise ValueError(f"shm_backing must be 'memfd' or 'file', got {self.backing!r}")
         self.wake_r, self.wake_w = _make_wake()

@@ -13,7 +13,7 @@ peers progress together, so two neighbours sending large buffers at once never d
 a ring step's segment ``j`` is forwarded as soon as segment ``j`` of the previous step has arrived and been
 reduced, while the kernel keeps receiving the next one.
 
-Algorithms (``small`` = below ``options['small_message_bytes']``, default 64 KiB):
+Algorithms (``small`` = below ``TransportOptions.small_message_bytes``, default 256 KiB):
 
 ==============  =====================================  ==============================================
 collective      small                                  large
@@ -53,8 +53,6 @@ _POLLOUT = select.POLLOUT
 # POLLRDHUP (Linux) reports a peer that closed even while we only have data to *send* to it.
 _POLLCLOSED = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
 
-_DEFAULT_SMALL = 64 * 1024
-_DEFAULT_CHUNK = 1024 * 1024
 _HELLO = "hvd-tcp"
 # How long a failing rank may spend recording its reason, and a peer looking it up (failure path only).
 _ABORT_RECORD_S = 0.5
@@ -133,8 +131,8 @@ class _Mesh:
         self.rank, self.size = boot.rank, boot.size
         self.timeout = float(boot.timeout)
         self.store, self.scope = boot.store, boot.scope
-        self.small = int(boot.options.get("small_message_bytes", _DEFAULT_SMALL))
-        self.chunk = max(4096, int(boot.options.get("chunk_bytes", _DEFAULT_CHUNK)))
+        self.small = int(boot.options.small_message_bytes)
+        self.chunk = max(4096, int(boot.options.tcp_chunk_bytes))
         self.socks = socks
         self.failed: Optional[TransportError] = None
         self.closed = False
@@ -881,8 +879,8 @@ def create_tcp(boot: Bootstrap) -> TcpTransport:
 
     Args:
         boot: rank, size, rendezvous store, job secret, bind address, timeout, scope and options
-            (``small_message_bytes``: algorithm switch, default 64 KiB; ``chunk_bytes``: largest pipeline
-            segment, default 1 MiB).
+            (:class:`TransportOptions`: ``small_message_bytes`` switches algorithms, ``tcp_chunk_bytes`` is the
+            largest pipeline segment).
 
     Raises:
         TransportError: a rank did not publish its address, could not be reached, failed the handshake, or did

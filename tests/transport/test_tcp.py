@@ -28,7 +28,7 @@ OPS = (SUM, MIN, MAX, PRODUCT)
 DTYPES = ("float32", "float64", "int32", "int64", "uint8", "float16", "bool")
 SIZES = (0, 1, 7, 100, 3001, 70001)
 # Tiny thresholds so that modest buffers take the ring paths with many, unevenly cut pipeline segments.
-SMALL_OPTS = {"small_message_bytes": 4096, "chunk_bytes": 16384}
+SMALL_OPTS = {"small_message_bytes": 4096, "tcp_chunk_bytes": 16384}
 SEED = 20261122
 
 
@@ -268,7 +268,7 @@ def subgroup_worker(t, groups):
 ])
 def test_subgroups(np_, groups):
     res = values(run_world(np_, subgroup_worker, (groups,), options={"small_message_bytes": 4096,
-                                                                     "chunk_bytes": 16384}, timeout=60))
+                                                                     "tcp_chunk_bytes": 16384}, timeout=60))
     for name, path in groups:
         members = list(range(np_))
         for ranks in path:
@@ -500,3 +500,16 @@ def test_schedules(size):
             assert alg.dissemination(to, size)[k][1] == r
     assert sum(alg.partition(17, size)) == 17
     assert alg.segments(5, 0, 4) == [] and alg.segments(5, 9, 4) == [(5, 4), (9, 4), (13, 1)]
+
+
+def test_transport_options_are_typed_and_refuse_unknown_names():
+    from horovod.transport.base import Bootstrap, TransportOptions
+
+    boot = Bootstrap(0, 1, options={"small_message_bytes": 4096, "shm_backing": "file"})
+    assert isinstance(boot.options, TransportOptions)
+    assert (boot.options.small_message_bytes, boot.options.shm_backing) == (4096, "file")
+    assert Bootstrap(0, 1).options == TransportOptions()
+    with pytest.raises(ValueError, match="unknown transport option.*'chunk_bytes'"):
+        Bootstrap(0, 1, options={"chunk_bytes": 1})
+    with pytest.raises(Exception):  # frozen: a transport cannot change what another one reads
+        boot.options.small_message_bytes = 1
