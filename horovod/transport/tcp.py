@@ -1,17 +1,13 @@
 """The built-in data plane: collectives over a full mesh of authenticated TCP connections.
 
-Bootstrap: every rank listens on ``boot.bind_addr``, publishes ``host:port`` in the rendezvous store, connects to
-every lower rank and accepts every higher one.  Each connection starts with the mutual HMAC handshake of
-:mod:`horovod.transport.sockets`; the hello names the scope and the rank, so the acceptor knows who called, and a
-connection that fails the handshake is logged and dropped while the real peer is still awaited.
-
-Data movement: a collective is compiled into a *plan* (per peer, an ordered list of sends and of receives, each a
-memoryview, a send optionally waiting until some receive has completed, a receive optionally followed by an
-in-place reduction) and executed by one single-threaded loop over non-blocking sockets.  Sends and receives of all
-peers progress together, so two neighbours sending large buffers at once never deadlock; the loop blocks in
-``poll`` (never spins) and gives up after ``timeout`` seconds without progress.  Pipelining falls out of the plan:
-a ring step's segment ``j`` is forwarded as soon as segment ``j`` of the previous step has arrived and been
-reduced, while the kernel keeps receiving the next one.
+Three modules: :mod:`horovod.transport.tcp_connect` connects and authenticates the mesh (every rank listens,
+publishes ``host:port`` in the rendezvous store, dials every lower rank and accepts every higher one);
+:mod:`horovod.transport.tcp_mesh` runs *plans* (per peer, an ordered list of sends and receives over memoryviews,
+a send optionally waiting for a receive, a receive optionally reducing in place) with one single-threaded ``poll``
+loop over non-blocking sockets, so all peers progress together and neighbours sending large buffers at once never
+deadlock; this module compiles each collective into such a plan. Pipelining falls out of the plan: a ring step's
+segment ``j`` is forwarded as soon as segment ``j`` of the previous step has arrived and been reduced, while the
+kernel keeps receiving the next one.
 
 Algorithms (``small`` = below ``TransportOptions.small_message_bytes``, default 256 KiB):
 
@@ -33,394 +29,14 @@ connection, so the others fail quickly too and name the rank that really failed 
 """
 from __future__ import annotations
 
-import logging
-import select
-import socket
-import threading
-import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 
 from horovod.transport import algorithms as alg
-from horovod.transport import sockets
 from horovod.transport.base import SUM, Bootstrap, Transport, TransportError, reduce_into, register
-
-logger = logging.getLogger(__name__)
-
-_POLLIN = select.POLLIN
-_POLLOUT = select.POLLOUT
-# POLLRDHUP (Linux) reports a peer that closed even while we only have data to *send* to it.
-_POLLCLOSED = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
-
-_HELLO = "hvd-tcp"
-# How long a failing rank may spend recording its reason, and a peer looking it up (failure path only).
-_ABORT_RECORD_S = 0.5
-_ABORT_LOOKUP_S = 0.5
-
-
-def _bytes(arr: np.ndarray) -> memoryview:
-    """A flat byte view of a 1-D contiguous array (no copy)."""
-    return memoryview(arr.view(np.uint8))
-
-
-# --------------------------------------------------------------------------------------------------- plans
-
-
-class _Chan:
-    """The traffic with one peer inside one collective: ordered sends and ordered receives."""
-
-    __slots__ = ("world", "sock", "sends", "si", "soff", "recvs", "ri", "roff")
-
-    def __init__(self, world: int, sock: socket.socket):
-        self.world, self.sock = world, sock
-        self.sends: List[tuple] = []  # (view, dep_chan or None, dep_count)
-        self.si = self.soff = 0
-        self.recvs: List[tuple] = []  # (view, (reduce_dst, reduce_src) or None)
-        self.ri = self.roff = 0
-
-    def send(self, view: memoryview, after: Optional[Tuple["_Chan", int]] = None) -> None:
-        """Queue ``view``; with ``after=(chan, n)`` it waits until ``chan`` has completed ``n`` receives."""
-        if len(view):
-            if after is None:
-                self.sends.append((view, None, 0))
-            else:
-                self.sends.append((view, after[0], after[1]))
-
-    def recv(self, view: memoryview, reduce: Optional[Tuple[np.ndarray, np.ndarray]] = None
-             ) -> Tuple["_Chan", int]:
-        """Queue a receive into ``view`` (then ``reduce_into(*reduce)``); returns a handle for :meth:`send`."""
-        if len(view):
-            self.recvs.append((view, reduce))
-        return self, len(self.recvs)
-
-    def pending_recv_bytes(self) -> int:
-        if self.ri >= len(self.recvs):
-            return 0
-        return sum(len(v) for v, _ in self.recvs[self.ri:]) - self.roff
-
-    def pending_send_bytes(self) -> int:
-        if self.si >= len(self.sends):
-            return 0
-        return sum(len(s[0]) for s in self.sends[self.si:]) - self.soff
-
-
-class _Plan:
-    """The channels of one collective, one per peer (a peer may be both left and right neighbour)."""
-
-    __slots__ = ("mesh", "chans")
-
-    def __init__(self, mesh: "_Mesh"):
-        self.mesh = mesh
-        self.chans: Dict[int, _Chan] = {}
-
-    def chan(self, world: int) -> _Chan:
-        c = self.chans.get(world)
-        if c is None:
-            c = self.chans[world] = _Chan(world, self.mesh.sock(world))
-        return c
-
-
-# ---------------------------------------------------------------------------------------------------- mesh
-
-
-class _Mesh:
-    """The world's connections and what every group view over them shares (scratch, failure state)."""
-
-    def __init__(self, boot: Bootstrap, socks: List[Optional[socket.socket]]):
-        self.rank, self.size = boot.rank, boot.size
-        self.timeout = float(boot.timeout)
-        self.store, self.scope = boot.store, boot.scope
-        self.small = int(boot.options.small_message_bytes)
-        self.chunk = max(4096, int(boot.options.tcp_chunk_bytes))
-        self.socks = socks
-        self.failed: Optional[TransportError] = None
-        self.closed = False
-        self._scratch: Dict[int, np.ndarray] = {}
-        for s in socks:
-            if s is not None:
-                s.setblocking(False)
-
-    # -- resources
-
-    def sock(self, world: int) -> socket.socket:
-        s = self.socks[world]
-        if s is None:
-            raise TransportError(f"no connection to world rank {world} (the transport is closed)", peer=world)
-        return s
-
-    def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
-        """A reusable byte buffer of at least ``nbytes`` (grown geometrically, kept between calls)."""
-        buf = self._scratch.get(slot)
-        if buf is None or buf.size < nbytes:
-            buf = np.empty(max(nbytes, 2 * (0 if buf is None else buf.size), 4096), dtype=np.uint8)
-            self._scratch[slot] = buf
-        return buf
-
-    def check_usable(self) -> None:
-        if self.failed is not None:
-            raise TransportError(f"the TCP transport is unusable after an earlier failure: {self.failed}",
-                                 peer=self.failed.peer)
-        if self.closed:
-            raise TransportError("the TCP transport is closed; create a new one (hvd.init) to communicate again")
-
-    def close(self) -> None:
-        self.closed = True
-        for i, s in enumerate(self.socks):
-            if s is not None:
-                sockets.maybe_close(s)
-                self.socks[i] = None
-        self._scratch.clear()
-
-    # -- failures
-
-    def abort(self, err: TransportError, culprit_world: Optional[int]) -> None:
-        """Remember ``err``, tell the store why (bounded), and close every connection so peers fail fast."""
-        if self.failed is None:
-            self.failed = err
-        logger.error("tcp transport (world rank %d) aborting: %s", self.rank, err)
-        if self.store is not None:
-            record = f"{-1 if culprit_world is None else culprit_world}\n{err}".encode()
-            _bounded(lambda: self.store.put(self.scope, f"abort.{self.rank}", record), _ABORT_RECORD_S)
-        for i, s in enumerate(self.socks):
-            if s is not None:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                sockets.maybe_close(s)
-                self.socks[i] = None
-
-    def abort_reason(self, world: int) -> Optional[Tuple[int, str]]:
-        """What world rank ``world`` recorded when it aborted: ``(culprit world rank or -1, message)``."""
-        if self.store is None:
-            return None
-        raw = _bounded(lambda: self.store.get(self.scope, f"abort.{world}", timeout=_ABORT_LOOKUP_S),
-                       _ABORT_LOOKUP_S + 0.5)
-        if not raw:
-            return None
-        culprit, _, text = raw.decode(errors="replace").partition("\n")
-        try:
-            return int(culprit), text
-        except ValueError:
-            return None
-
-    # -- the progress loop
-
-    def run(self, plan: _Plan, op: str, what: str, view: "TcpTransport") -> None:
-        """Drive every send and receive of ``plan`` to completion (see the module docstring)."""
-        try:
-            self._drive(plan, op, what, view)
-        finally:
-            # Channels point at each other (send-after-receive dependencies, a neighbour on both sides), a cycle
-            # that would keep the caller's buffers alive until the cyclic GC runs: break it now.
-            for c in plan.chans.values():
-                c.sends.clear()
-                c.recvs.clear()
-            plan.chans.clear()
-
-    def _drive(self, plan: _Plan, op: str, what: str, view: "TcpTransport") -> None:
-        active = [c for c in plan.chans.values() if c.sends or c.recvs]
-        if not active:
-            return
-        deadline = None
-        while True:
-            progressed = False
-            unfinished = False
-            for c in active:
-                recvs = c.recvs
-                nr = len(recvs)
-                while c.ri < nr:
-                    buf, red = recvs[c.ri]
-                    off = c.roff
-                    try:
-                        k = c.sock.recv_into(buf[off:] if off else buf)
-                    except BlockingIOError:
-                        break
-                    except OSError as exc:
-                        raise self._lost(view, c.world, what, f"receiving failed: {exc}") from None
-                    if k == 0:
-                        raise self._lost(view, c.world, what, f"it closed the connection with "
-                                         f"{c.pending_recv_bytes()} bytes still expected from it")
-                    progressed = True
-                    off += k
-                    if off < len(buf):
-                        c.roff = off
-                        break
-                    c.roff = 0
-                    c.ri += 1
-                    if red is not None:
-                        reduce_into(red[0], red[1], op)
-                sends = c.sends
-                ns = len(sends)
-                while c.si < ns:
-                    buf, dep, need = sends[c.si]
-                    if dep is not None and dep.ri < need:
-                        break
-                    off = c.soff
-                    try:
-                        k = c.sock.send(buf[off:] if off else buf)
-                    except BlockingIOError:
-                        break
-                    except OSError as exc:
-                        raise self._lost(view, c.world, what, f"sending failed: {exc}") from None
-                    progressed = True
-                    off += k
-                    if off < len(buf):
-                        c.soff = off
-                        break
-                    c.soff = 0
-                    c.si += 1
-                if c.ri < nr or c.si < ns:
-                    unfinished = True
-            if not unfinished:
-                return
-            if progressed:
-                deadline = None
-                continue
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + self.timeout
-            elif now >= deadline:
-                raise self._timed_out(view, active, what)
-            self._wait(active, deadline - now, view, what)
-
-    def exchange(self, dst: Optional[int], sview: Optional[memoryview], src: Optional[int],
-                 rview: Optional[memoryview], what: str, view: "TcpTransport") -> None:
-        """One send and/or one receive (world ranks): the latency-critical path of small collectives.
-
-        Small messages almost always fit the socket buffer, so this tries the send outright and then waits on
-        the one socket it reads from; anything unusual (a partial send) falls back to :meth:`run`.
-        """
-        if sview is not None and len(sview):
-            sock = self.sock(dst)
-            try:
-                k = sock.send(sview)
-            except BlockingIOError:
-                k = 0
-            except OSError as exc:
-                raise self._lost(view, dst, what, f"sending failed: {exc}") from None
-            if k < len(sview):
-                plan = _Plan(self)
-                plan.chan(dst).send(sview[k:])
-                if rview is not None:
-                    plan.chan(src).recv(rview)
-                self.run(plan, SUM, what, view)
-                return
-        if rview is None or not len(rview):
-            return
-        sock = self.sock(src)
-        n = len(rview)
-        off = 0
-        poller = None
-        deadline = None
-        while True:
-            try:
-                k = sock.recv_into(rview[off:] if off else rview)
-            except BlockingIOError:
-                k = -1
-            except OSError as exc:
-                raise self._lost(view, src, what, f"receiving failed: {exc}") from None
-            if k == 0:
-                raise self._lost(view, src, what, f"it closed the connection with {n - off} bytes still expected "
-                                 f"from it")
-            if k > 0:
-                off += k
-                if off == n:
-                    return
-                deadline = None
-                continue
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + self.timeout
-                if poller is None:
-                    poller = select.poll()
-                    poller.register(sock.fileno(), _POLLIN | _POLLCLOSED)
-            elif now >= deadline:
-                chan = _Chan(src, sock)
-                chan.recvs.append((rview, None))
-                chan.roff = off
-                raise self._timed_out(view, [chan], what)
-            poller.poll(max(1, int((deadline - now) * 1000) + 1))
-
-    def _wait(self, active: List[_Chan], seconds: float, view: "TcpTransport", what: str) -> None:
-        poller = select.poll()
-        by_fd = {}
-        for c in active:
-            mask = 0
-            if c.ri < len(c.recvs):
-                mask |= _POLLIN
-            if c.si < len(c.sends):
-                mask |= _POLLCLOSED
-                _, dep, need = c.sends[c.si]
-                if dep is None or dep.ri >= need:
-                    mask |= _POLLOUT
-            if mask:
-                fd = c.sock.fileno()
-                poller.register(fd, mask | _POLLCLOSED)
-                by_fd[fd] = c
-        for fd, ev in poller.poll(max(1, int(seconds * 1000) + 1)):
-            c = by_fd[fd]
-            # A peer we still owe data to has gone: it can never read it.  (With receives pending, the next
-            # recv_into drains what it sent before closing and reports EOF only if more was due.)
-            if ev & _POLLCLOSED and c.si < len(c.sends) and c.ri >= len(c.recvs):
-                raise self._lost(view, c.world, what, f"it closed the connection with "
-                                 f"{c.pending_send_bytes()} bytes still to be sent to it")
-
-    def _lost(self, view: "TcpTransport", world: int, what: str, detail: str) -> TransportError:
-        if self.failed is not None:  # already aborted (e.g. a nested failure): keep the first reason
-            return TransportError(str(self.failed), peer=self.failed.peer)
-        culprit = world
-        reason = self.abort_reason(world)
-        if reason is not None and reason[0] not in (-1, world):
-            culprit = reason[0]
-            msg = (f"{view.describe(world)} closed the connection during {what} after detecting a failure: "
-                   f"{reason[1]}")
-        elif reason is not None:
-            msg = f"{view.describe(world)} aborted during {what}: {reason[1]}"
-        else:
-            msg = (f"{view.describe(world)} was lost during {what}: {detail}; the process probably exited or "
-                   f"crashed (check its log)")
-        err = TransportError(msg, peer=view.group_rank(culprit))
-        self.abort(err, culprit)
-        return err
-
-    def _timed_out(self, view: "TcpTransport", active: List[_Chan], what: str) -> TransportError:
-        waiting = [c for c in active if c.ri < len(c.recvs)]
-        blocked = [c for c in active if c.si < len(c.sends)]
-        if waiting:
-            c = waiting[0]
-            msg = (f"timed out after {self.timeout:.1f} s waiting for {view.describe(c.world)} during {what}: "
-                   f"{c.pending_recv_bytes()} bytes still expected from it and nothing arrived")
-        else:
-            c = blocked[0]
-            msg = (f"timed out after {self.timeout:.1f} s during {what}: {view.describe(c.world)} did not accept "
-                   f"{c.pending_send_bytes()} more bytes (it is not reading)")
-        msg += ("; the peer may be stuck, much slower, or not calling the same collectives in the same order "
-                "(raise the transport timeout if it is just slow)")
-        err = TransportError(msg, peer=view.group_rank(c.world))
-        self.abort(err, c.world)
-        return err
-
-
-def _bounded(fn, seconds: float):
-    """Run ``fn`` in a daemon thread for at most ``seconds``; its result, or ``None`` on error or timeout."""
-    out: list = []
-
-    def work():
-        try:
-            out.append(fn())
-        except Exception:  # the store is best effort on the failure path
-            pass
-
-    t = threading.Thread(target=work, name="hvd-tcp-abort", daemon=True)
-    t.start()
-    t.join(seconds)
-    return out[0] if out else None
-
-
-# ----------------------------------------------------------------------------------------------- transport
-
+from horovod.transport.tcp_connect import connect_world
+from horovod.transport.tcp_mesh import Mesh, Plan, as_bytes
 
 class TcpTransport(Transport):
     """Collectives over TCP among a group of the world's ranks (the world itself, or a subgroup view).
@@ -437,7 +53,7 @@ class TcpTransport(Transport):
 
     name = "tcp"
 
-    def __init__(self, mesh: _Mesh, members: Sequence[int], owner: bool = False):
+    def __init__(self, mesh: Mesh, members: Sequence[int], owner: bool = False):
         self._mesh = mesh
         self.members: List[int] = list(members)
         self._group = {w: g for g, w in enumerate(self.members)}
@@ -462,13 +78,13 @@ class TcpTransport(Transport):
     def _world(self, g: int) -> int:
         return self.members[g]
 
-    def _start(self) -> _Plan:
+    def _start(self) -> Plan:
         if self._detached:
             raise TransportError("this TCP subgroup was closed")
         self._mesh.check_usable()
-        return _Plan(self._mesh)
+        return Plan(self._mesh)
 
-    def _run(self, plan: _Plan, what: str, op: str = SUM) -> None:
+    def _run(self, plan: Plan, what: str, op: str = SUM) -> None:
         self._mesh.run(plan, op, what, self)
 
     # -- allreduce
@@ -485,9 +101,9 @@ class TcpTransport(Transport):
 
     def _allreduce_doubling(self, buf: np.ndarray, op: str) -> None:
         fold = alg.Fold(self.rank, self.size)
-        mine = _bytes(buf)
+        mine = as_bytes(buf)
         tmp = self._mesh.scratch(buf.nbytes)[: buf.nbytes].view(buf.dtype)
-        tmpb = _bytes(tmp)
+        tmpb = as_bytes(tmp)
         what = f"allreduce of {buf.nbytes} bytes (recursive doubling)"
         if fold.role == "extra":
             self._exchange(fold.partner, mine, None, None, what)
@@ -510,8 +126,8 @@ class TcpTransport(Transport):
         offs = alg.offsets(counts)
         seg = alg.segment_elements(counts[0] * it, it, mesh.chunk)
         scratch = mesh.scratch(seg * it)[: seg * it].view(buf.dtype)
-        sview = _bytes(scratch)
-        data = _bytes(buf)
+        sview = as_bytes(scratch)
+        data = as_bytes(buf)
         left, right = alg.ring_neighbours(r, n)
         plan = self._start()
         lc, rc = plan.chan(self._world(left)), plan.chan(self._world(right))
@@ -549,7 +165,7 @@ class TcpTransport(Transport):
         if self.size == 1:
             return
         it = recv.itemsize
-        data = _bytes(recv)
+        data = as_bytes(recv)
         n = self.size
         if total * it < self._mesh.small:
             mine = data[offs[r] * it:(offs[r] + counts[r]) * it]
@@ -580,7 +196,7 @@ class TcpTransport(Transport):
         plan = self._start()
         if self.size == 1 or buf.size == 0:
             return
-        data = _bytes(buf)
+        data = as_bytes(buf)
         if buf.nbytes < self._mesh.small:
             parent, children = alg.binomial_tree(self.rank, self.size, root)
             got = plan.chan(self._world(parent)).recv(data) if parent is not None else None
@@ -623,7 +239,7 @@ class TcpTransport(Transport):
         if self.size == 1:
             return
         it = send.itemsize
-        sdata, rdata = _bytes(send), _bytes(recv)
+        sdata, rdata = as_bytes(send), as_bytes(recv)
         total = (sum(sc) + sum(rcn)) * it
         what = f"alltoallv of {total} bytes"
         if total < self._mesh.small:
@@ -665,7 +281,7 @@ class TcpTransport(Transport):
         # segment is received in place there (or into recv for the last step) and this rank's contribution
         # is reduced into it, so no separate scratch copy is needed.
         work = self._mesh.scratch(total * it, slot=1)[: total * it].view(send.dtype)
-        sdata, wdata, rdata = _bytes(send), _bytes(work), _bytes(recv)
+        sdata, wdata, rdata = as_bytes(send), as_bytes(work), as_bytes(recv)
         seg = alg.segment_elements(max(counts) * it, it, self._mesh.chunk)
         left, right = alg.ring_neighbours(r, n)
         lc, rc = plan.chan(self._world(left)), plan.chan(self._world(right))
@@ -701,10 +317,10 @@ class TcpTransport(Transport):
             if not (has_send and has_recv and dest == source == self.rank):
                 raise ValueError("sendrecv: a rank can only send to itself while also receiving from itself")
             self._start()
-            _bytes(recv)[: send.nbytes] = _bytes(send)
+            as_bytes(recv)[: send.nbytes] = as_bytes(send)
             return
-        self._exchange(dest if has_send else None, _bytes(send) if has_send else None,
-                       source if has_recv else None, _bytes(recv) if has_recv else None,
+        self._exchange(dest if has_send else None, as_bytes(send) if has_send else None,
+                       source if has_recv else None, as_bytes(recv) if has_recv else None,
                        "sendrecv")
 
     def barrier(self) -> None:
@@ -754,125 +370,6 @@ class TcpTransport(Transport):
             raise ValueError(f"{what} must have one non-negative count per rank ({self.size}), got {counts}")
 
 
-# ----------------------------------------------------------------------------------------------- bootstrap
-
-
-def _hello(scope: str, rank: int) -> bytes:
-    return f"{_HELLO}|{scope}|{rank}".encode()
-
-
-def _advertised_host(boot: Bootstrap) -> str:
-    if boot.bind_addr in ("", "0.0.0.0", "::"):
-        return boot.hostname
-    return boot.bind_addr
-
-
-class _Acceptor:
-    """Accepts and authenticates the connections of the higher ranks in a background thread.
-
-    Each connection is authenticated in its own short-lived thread, so a stranger that connects and stays silent
-    cannot hold up the real peers; a connection that fails the handshake, names another job's scope, a rank that
-    should not call us, or a rank that already connected is logged and dropped.
-    """
-
-    def __init__(self, srv: socket.socket, boot: Bootstrap, deadline: float):
-        self._srv, self._boot, self._deadline = srv, boot, deadline
-        self._expected = set(range(boot.rank + 1, boot.size))
-        self.socks: Dict[int, socket.socket] = {}
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._stop = False
-        if not self._expected:
-            self._done.set()
-        self._thread = threading.Thread(target=self._loop, name="hvd-tcp-accept", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        self._srv.settimeout(0.2)  # wake up now and then to notice the end of the bootstrap
-        while not self._stop and not self._done.is_set() and time.monotonic() < self._deadline:
-            try:
-                conn, addr = self._srv.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._admit, args=(conn, addr), name="hvd-tcp-auth", daemon=True).start()
-
-    def _admit(self, conn: socket.socket, addr) -> None:
-        boot = self._boot
-        who = f"connection from {addr[0]}:{addr[1]}"
-        try:
-            sockets.configure(conn)
-            hello = sockets.authenticate(conn, boot.secret, initiator=False, hello=_hello(boot.scope, boot.rank),
-                                         timeout=max(0.1, self._deadline - time.monotonic()), peer=who)
-            tag, scope, rank_s = hello.decode(errors="replace").split("|", 2)
-            peer = int(rank_s)
-            if tag != _HELLO or scope != boot.scope:
-                raise sockets.PeerError(f"{who} belongs to another job or initialisation ({hello!r})")
-        except (sockets.PeerError, OSError, ValueError) as exc:
-            logger.warning("tcp bootstrap (rank %d): dropped %s: %s", boot.rank, who, exc)
-            sockets.maybe_close(conn)
-            return
-        with self._lock:
-            if peer not in self._expected or peer in self.socks or self._stop:
-                logger.warning("tcp bootstrap (rank %d): dropped %s claiming rank %d (expected one of %s, "
-                               "not yet connected)", boot.rank, who, peer, sorted(self._expected - set(self.socks)))
-                sockets.maybe_close(conn)
-                return
-            self.socks[peer] = conn
-            if len(self.socks) == len(self._expected):
-                self._done.set()
-
-    def wait(self) -> Dict[int, socket.socket]:
-        self._done.wait(max(0.0, self._deadline - time.monotonic()))
-        with self._lock:
-            self._stop = True
-            missing = sorted(self._expected - set(self.socks))
-        if missing:
-            raise TransportError(
-                f"tcp bootstrap (rank {self._boot.rank}): rank(s) {missing} did not connect within "
-                f"{self._boot.timeout:g} s; they may have failed to start, be unable to reach "
-                f"{self._srv.getsockname()}, or hold a different job secret",
-                peer=missing[0] if len(missing) == 1 else missing)
-        return dict(self.socks)
-
-    def discard(self) -> None:
-        with self._lock:
-            self._stop = True
-            for s in self.socks.values():
-                sockets.maybe_close(s)
-
-
-def _connect_to(boot: Bootstrap, peer: int, deadline: float) -> socket.socket:
-    remaining = max(0.1, deadline - time.monotonic())
-    try:
-        raw = boot.store.get(boot.scope, str(peer), timeout=remaining)
-    except TimeoutError as exc:
-        raise TransportError(f"tcp bootstrap (rank {boot.rank}): rank {peer} did not publish its address within "
-                             f"{boot.timeout:g} s ({exc})", peer=peer) from None
-    except (ConnectionError, PermissionError) as exc:
-        raise TransportError(f"tcp bootstrap (rank {boot.rank}): cannot read rank {peer}'s address from the "
-                             f"rendezvous store: {exc}", peer=peer) from None
-    host, port = sockets.parse_hostport(raw.decode())
-    try:
-        sock = sockets.connect(host, port, max(0.1, deadline - time.monotonic()), what=f"rank {peer}")
-    except sockets.PeerError as exc:
-        raise TransportError(f"tcp bootstrap (rank {boot.rank}): {exc}", peer=peer) from None
-    try:
-        hello = sockets.authenticate(sock, boot.secret, initiator=True, hello=_hello(boot.scope, boot.rank),
-                                     timeout=max(0.1, deadline - time.monotonic()), peer=f"rank {peer}")
-        if hello != _hello(boot.scope, peer):
-            raise sockets.AuthenticationError(f"the process at {host}:{port} introduced itself as {hello!r}, "
-                                              f"not as rank {peer} of this job", peer=peer)
-    except (sockets.PeerError, OSError) as exc:
-        sockets.maybe_close(sock)
-        raise TransportError(f"tcp bootstrap (rank {boot.rank}): handshake with rank {peer} at {host}:{port} "
-                             f"failed: {exc}", peer=peer) from None
-    return sock
-
-
 @register("tcp")
 def create_tcp(boot: Bootstrap) -> TcpTransport:
     """Connect the world group over TCP and return its transport.
@@ -888,27 +385,6 @@ def create_tcp(boot: Bootstrap) -> TcpTransport:
     """
     if not 0 <= boot.rank < boot.size:
         raise ValueError(f"tcp bootstrap: rank {boot.rank} is outside a world of size {boot.size}")
-    socks: List[Optional[socket.socket]] = [None] * boot.size
-    if boot.size > 1:
-        if boot.store is None:
-            raise TransportError("tcp bootstrap needs a rendezvous store to exchange addresses (none was given)")
-        deadline = time.monotonic() + boot.timeout
-        srv = sockets.listen(boot.bind_addr)
-        acceptor = _Acceptor(srv, boot, deadline)
-        try:
-            boot.store.put(boot.scope, str(boot.rank), f"{_advertised_host(boot)}:{srv.getsockname()[1]}".encode())
-            acceptor.start()
-            for peer in range(boot.rank):
-                socks[peer] = _connect_to(boot, peer, deadline)
-            for peer, sock in acceptor.wait().items():
-                socks[peer] = sock
-        except BaseException:
-            acceptor.discard()
-            for s in socks:
-                sockets.maybe_close(s)
-            raise
-        finally:
-            sockets.maybe_close(srv)  # nobody may join after the mesh is complete
-        logger.debug("tcp transport: rank %d connected to %d peers", boot.rank, boot.size - 1)
-    mesh = _Mesh(boot, socks)
+    socks = connect_world(boot)
+    mesh = Mesh(boot, socks)
     return TcpTransport(mesh, range(boot.size), owner=True)

@@ -1,0 +1,396 @@
+"""The TCP mesh under :mod:`horovod.transport.tcp`: one connection per pair of ranks, and the event loop that runs plans.
+
+A collective is compiled into a :class:`Plan`: per peer :class:`Channel`, an ordered list of sends and receives
+(a receive may reduce into a buffer as it arrives, a send may wait for a receive to finish). :meth:`Mesh.run`
+executes a plan with one single-threaded ``poll`` loop over non-blocking sockets, so every peer's traffic progresses
+together and two neighbours sending large buffers at once never deadlock. It never spins, and gives up after the
+transport's timeout without progress. A rank that fails records its reason in the rendezvous store and closes
+every connection, so the others fail at once and name the rank that really failed.
+"""
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from horovod.transport import sockets
+from horovod.transport.base import SUM, Bootstrap, TransportError, reduce_into
+
+if TYPE_CHECKING:  # the transport is the mesh's caller; only its naming helpers are used here
+    from horovod.transport.tcp import TcpTransport
+
+logger = logging.getLogger(__name__)
+
+_POLLIN = select.POLLIN
+_POLLOUT = select.POLLOUT
+# POLLRDHUP (Linux) reports a peer that closed even while we only have data to *send* to it.
+_POLLCLOSED = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
+
+# How long a failing rank may spend recording its reason, and a peer looking it up (failure path only).
+_ABORT_RECORD_S = 0.5
+_ABORT_LOOKUP_S = 0.5
+
+
+def as_bytes(arr: np.ndarray) -> memoryview:
+    """A flat byte view of a 1-D contiguous array (no copy)."""
+    return memoryview(arr.view(np.uint8))
+
+
+# --------------------------------------------------------------------------------------------------- plans
+
+
+class Channel:
+    """The traffic with one peer inside one collective: ordered sends and ordered receives."""
+
+    __slots__ = ("world", "sock", "sends", "si", "soff", "recvs", "ri", "roff")
+
+    def __init__(self, world: int, sock: socket.socket):
+        self.world, self.sock = world, sock
+        self.sends: List[tuple] = []  # (view, dep_chan or None, dep_count)
+        self.si = self.soff = 0
+        self.recvs: List[tuple] = []  # (view, (reduce_dst, reduce_src) or None)
+        self.ri = self.roff = 0
+
+    def send(self, view: memoryview, after: Optional[Tuple["Channel", int]] = None) -> None:
+        """Queue ``view``; with ``after=(chan, n)`` it waits until ``chan`` has completed ``n`` receives."""
+        if len(view):
+            if after is None:
+                self.sends.append((view, None, 0))
+            else:
+                self.sends.append((view, after[0], after[1]))
+
+    def recv(self, view: memoryview, reduce: Optional[Tuple[np.ndarray, np.ndarray]] = None
+             ) -> Tuple["Channel", int]:
+        """Queue a receive into ``view`` (then ``reduce_into(*reduce)``); returns a handle for :meth:`send`."""
+        if len(view):
+            self.recvs.append((view, reduce))
+        return self, len(self.recvs)
+
+    def pending_recv_bytes(self) -> int:
+        if self.ri >= len(self.recvs):
+            return 0
+        return sum(len(v) for v, _ in self.recvs[self.ri:]) - self.roff
+
+    def pending_send_bytes(self) -> int:
+        if self.si >= len(self.sends):
+            return 0
+        return sum(len(s[0]) for s in self.sends[self.si:]) - self.soff
+
+
+class Plan:
+    """The channels of one collective, one per peer (a peer may be both left and right neighbour)."""
+
+    __slots__ = ("mesh", "chans")
+
+    def __init__(self, mesh: "Mesh"):
+        self.mesh = mesh
+        self.chans: Dict[int, Channel] = {}
+
+    def chan(self, world: int) -> Channel:
+        c = self.chans.get(world)
+        if c is None:
+            c = self.chans[world] = Channel(world, self.mesh.sock(world))
+        return c
+
+
+# ---------------------------------------------------------------------------------------------------- mesh
+
+
+class Mesh:
+    """The world's connections and what every group view over them shares (scratch, failure state)."""
+
+    def __init__(self, boot: Bootstrap, socks: List[Optional[socket.socket]]):
+        self.rank, self.size = boot.rank, boot.size
+        self.timeout = float(boot.timeout)
+        self.store, self.scope = boot.store, boot.scope
+        self.small = int(boot.options.small_message_bytes)
+        self.chunk = max(4096, int(boot.options.tcp_chunk_bytes))
+        self.socks = socks
+        self.failed: Optional[TransportError] = None
+        self.closed = False
+        self._scratch: Dict[int, np.ndarray] = {}
+        for s in socks:
+            if s is not None:
+                s.setblocking(False)
+
+    # -- resources
+
+    def sock(self, world: int) -> socket.socket:
+        s = self.socks[world]
+        if s is None:
+            raise TransportError(f"no connection to world rank {world} (the transport is closed)", peer=world)
+        return s
+
+    def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
+        """A reusable byte buffer of at least ``nbytes`` (grown geometrically, kept between calls)."""
+        buf = self._scratch.get(slot)
+        if buf is None or buf.size < nbytes:
+            buf = np.empty(max(nbytes, 2 * (0 if buf is None else buf.size), 4096), dtype=np.uint8)
+            self._scratch[slot] = buf
+        return buf
+
+    def check_usable(self) -> None:
+        if self.failed is not None:
+            raise TransportError(f"the TCP transport is unusable after an earlier failure: {self.failed}",
+                                 peer=self.failed.peer)
+        if self.closed:
+            raise TransportError("the TCP transport is closed; create a new one (hvd.init) to communicate again")
+
+    def close(self) -> None:
+        self.closed = True
+        for i, s in enumerate(self.socks):
+            if s is not None:
+                sockets.maybe_close(s)
+                self.socks[i] = None
+        self._scratch.clear()
+
+    # -- failures
+
+    def abort(self, err: TransportError, culprit_world: Optional[int]) -> None:
+        """Remember ``err``, tell the store why (bounded), and close every connection so peers fail fast."""
+        if self.failed is None:
+            self.failed = err
+        logger.error("tcp transport (world rank %d) aborting: %s", self.rank, err)
+        if self.store is not None:
+            record = f"{-1 if culprit_world is None else culprit_world}\n{err}".encode()
+            _bounded(lambda: self.store.put(self.scope, f"abort.{self.rank}", record), _ABORT_RECORD_S)
+        for i, s in enumerate(self.socks):
+            if s is not None:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sockets.maybe_close(s)
+                self.socks[i] = None
+
+    def abort_reason(self, world: int) -> Optional[Tuple[int, str]]:
+        """What world rank ``world`` recorded when it aborted: ``(culprit world rank or -1, message)``."""
+        if self.store is None:
+            return None
+        raw = _bounded(lambda: self.store.get(self.scope, f"abort.{world}", timeout=_ABORT_LOOKUP_S),
+                       _ABORT_LOOKUP_S + 0.5)
+        if not raw:
+            return None
+        culprit, _, text = raw.decode(errors="replace").partition("\n")
+        try:
+            return int(culprit), text
+        except ValueError:
+            return None
+
+    # -- the progress loop
+
+    def run(self, plan: Plan, op: str, what: str, view: "TcpTransport") -> None:
+        """Drive every send and receive of ``plan`` to completion (see the module docstring)."""
+        try:
+            self._drive(plan, op, what, view)
+        finally:
+            # Channels point at each other (send-after-receive dependencies, a neighbour on both sides), a cycle
+            # that would keep the caller's buffers alive until the cyclic GC runs: break it now.
+            for c in plan.chans.values():
+                c.sends.clear()
+                c.recvs.clear()
+            plan.chans.clear()
+
+    def _drive(self, plan: Plan, op: str, what: str, view: "TcpTransport") -> None:
+        active = [c for c in plan.chans.values() if c.sends or c.recvs]
+        if not active:
+            return
+        deadline = None
+        while True:
+            progressed = False
+            unfinished = False
+            for c in active:
+                recvs = c.recvs
+                nr = len(recvs)
+                while c.ri < nr:
+                    buf, red = recvs[c.ri]
+                    off = c.roff
+                    try:
+                        k = c.sock.recv_into(buf[off:] if off else buf)
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        raise self._lost(view, c.world, what, f"receiving failed: {exc}") from None
+                    if k == 0:
+                        raise self._lost(view, c.world, what, f"it closed the connection with "
+                                         f"{c.pending_recv_bytes()} bytes still expected from it")
+                    progressed = True
+                    off += k
+                    if off < len(buf):
+                        c.roff = off
+                        break
+                    c.roff = 0
+                    c.ri += 1
+                    if red is not None:
+                        reduce_into(red[0], red[1], op)
+                sends = c.sends
+                ns = len(sends)
+                while c.si < ns:
+                    buf, dep, need = sends[c.si]
+                    if dep is not None and dep.ri < need:
+                        break
+                    off = c.soff
+                    try:
+                        k = c.sock.send(buf[off:] if off else buf)
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        raise self._lost(view, c.world, what, f"sending failed: {exc}") from None
+                    progressed = True
+                    off += k
+                    if off < len(buf):
+                        c.soff = off
+                        break
+                    c.soff = 0
+                    c.si += 1
+                if c.ri < nr or c.si < ns:
+                    unfinished = True
+            if not unfinished:
+                return
+            if progressed:
+                deadline = None
+                continue
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.timeout
+            elif now >= deadline:
+                raise self._timed_out(view, active, what)
+            self._wait(active, deadline - now, view, what)
+
+    def exchange(self, dst: Optional[int], sview: Optional[memoryview], src: Optional[int],
+                 rview: Optional[memoryview], what: str, view: "TcpTransport") -> None:
+        """One send and/or one receive (world ranks): the latency-critical path of small collectives.
+
+        Small messages almost always fit the socket buffer, so this tries the send outright and then waits on
+        the one socket it reads from; anything unusual (a partial send) falls back to :meth:`run`.
+        """
+        if sview is not None and len(sview):
+            sock = self.sock(dst)
+            try:
+                k = sock.send(sview)
+            except BlockingIOError:
+                k = 0
+            except OSError as exc:
+                raise self._lost(view, dst, what, f"sending failed: {exc}") from None
+            if k < len(sview):
+                plan = Plan(self)
+                plan.chan(dst).send(sview[k:])
+                if rview is not None:
+                    plan.chan(src).recv(rview)
+                self.run(plan, SUM, what, view)
+                return
+        if rview is None or not len(rview):
+            return
+        sock = self.sock(src)
+        n = len(rview)
+        off = 0
+        poller = None
+        deadline = None
+        while True:
+            try:
+                k = sock.recv_into(rview[off:] if off else rview)
+            except BlockingIOError:
+                k = -1
+            except OSError as exc:
+                raise self._lost(view, src, what, f"receiving failed: {exc}") from None
+            if k == 0:
+                raise self._lost(view, src, what, f"it closed the connection with {n - off} bytes still expected "
+                                 f"from it")
+            if k > 0:
+                off += k
+                if off == n:
+                    return
+                deadline = None
+                continue
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.timeout
+                if poller is None:
+                    poller = select.poll()
+                    poller.register(sock.fileno(), _POLLIN | _POLLCLOSED)
+            elif now >= deadline:
+                chan = Channel(src, sock)
+                chan.recvs.append((rview, None))
+                chan.roff = off
+                raise self._timed_out(view, [chan], what)
+            poller.poll(max(1, int((deadline - now) * 1000) + 1))
+
+    def _wait(self, active: List[Channel], seconds: float, view: "TcpTransport", what: str) -> None:
+        poller = select.poll()
+        by_fd = {}
+        for c in active:
+            mask = 0
+            if c.ri < len(c.recvs):
+                mask |= _POLLIN
+            if c.si < len(c.sends):
+                mask |= _POLLCLOSED
+                _, dep, need = c.sends[c.si]
+                if dep is None or dep.ri >= need:
+                    mask |= _POLLOUT
+            if mask:
+                fd = c.sock.fileno()
+                poller.register(fd, mask | _POLLCLOSED)
+                by_fd[fd] = c
+        for fd, ev in poller.poll(max(1, int(seconds * 1000) + 1)):
+            c = by_fd[fd]
+            # A peer we still owe data to has gone: it can never read it.  (With receives pending, the next
+            # recv_into drains what it sent before closing and reports EOF only if more was due.)
+            if ev & _POLLCLOSED and c.si < len(c.sends) and c.ri >= len(c.recvs):
+                raise self._lost(view, c.world, what, f"it closed the connection with "
+                                 f"{c.pending_send_bytes()} bytes still to be sent to it")
+
+    def _lost(self, view: "TcpTransport", world: int, what: str, detail: str) -> TransportError:
+        if self.failed is not None:  # already aborted (e.g. a nested failure): keep the first reason
+            return TransportError(str(self.failed), peer=self.failed.peer)
+        culprit = world
+        reason = self.abort_reason(world)
+        if reason is not None and reason[0] not in (-1, world):
+            culprit = reason[0]
+            msg = (f"{view.describe(world)} closed the connection during {what} after detecting a failure: "
+                   f"{reason[1]}")
+        elif reason is not None:
+            msg = f"{view.describe(world)} aborted during {what}: {reason[1]}"
+        else:
+            msg = (f"{view.describe(world)} was lost during {what}: {detail}; the process probably exited or "
+                   f"crashed (check its log)")
+        err = TransportError(msg, peer=view.group_rank(culprit))
+        self.abort(err, culprit)
+        return err
+
+    def _timed_out(self, view: "TcpTransport", active: List[Channel], what: str) -> TransportError:
+        waiting = [c for c in active if c.ri < len(c.recvs)]
+        blocked = [c for c in active if c.si < len(c.sends)]
+        if waiting:
+            c = waiting[0]
+            msg = (f"timed out after {self.timeout:.1f} s waiting for {view.describe(c.world)} during {what}: "
+                   f"{c.pending_recv_bytes()} bytes still expected from it and nothing arrived")
+        else:
+            c = blocked[0]
+            msg = (f"timed out after {self.timeout:.1f} s during {what}: {view.describe(c.world)} did not accept "
+                   f"{c.pending_send_bytes()} more bytes (it is not reading)")
+        msg += ("; the peer may be stuck, much slower, or not calling the same collectives in the same order "
+                "(raise the transport timeout if it is just slow)")
+        err = TransportError(msg, peer=view.group_rank(c.world))
+        self.abort(err, c.world)
+        return err
+
+
+def _bounded(fn, seconds: float):
+    """Run ``fn`` in a daemon thread for at most ``seconds``; its result, or ``None`` on error or timeout."""
+    out: list = []
+
+    def work():
+        try:
+            out.append(fn())
+        except Exception:  # the store is best effort on the failure path
+            pass
+
+    t = threading.Thread(target=work, name="hvd-tcp-abort", daemon=True)
+    t.start()
+    t.join(seconds)
+    return out[0] if out else None
