@@ -48,8 +48,8 @@ import numpy as np
 
 from horovod.common.spin import Spinner, default_budget_us
 from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, Transport, TransportError, register
-from horovod.transport.shm_node import (DEFAULT_SPIN_US, _IO_CHUNK, _LEN, _LINE, _MAGIC, _MSG, _ONE, _POLL_DEAD,
-                                        _layout, _map, _new_segment_fd, _Node, _recv_msg, _send_msg)
+from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, IO_CHUNK, LENGTH, LINE_BYTES, MAGIC, ONE, POLL_DEAD,
+                                        Node, map_segment, new_segment_fd, recv_msg, segment_layout, send_msg)
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ShmTransport(Transport):
 
     name = "shm"
 
-    def __init__(self, node: _Node, members: Tuple[int, ...], seg_fds: Optional[Dict[int, int]] = None):
+    def __init__(self, node: Node, members: Tuple[int, ...], seg_fds: Optional[Dict[int, int]] = None):
         self._node = node
         self._members = members
         self.rank, self.size = members.index(node.rank), len(members)
@@ -107,8 +107,8 @@ class ShmTransport(Transport):
         self._typed_cache: Dict[Tuple[np.dtype, int], List[np.ndarray]] = {}
         self._sub_cache: Dict[Tuple[np.dtype, int], List[List[np.ndarray]]] = {}
         self._bounds_cache: Dict[Tuple[int, int], List[int]] = {}
-        self._meta_bytes, self._data_off, self._half_bytes, self._seg_total = _layout(node.segment_bytes, self.size)
-        self._sub_bytes = self._half_bytes // self.size // _LINE * _LINE
+        self._meta_bytes, self._data_off, self._half_bytes, self._seg_total = segment_layout(node.segment_bytes, self.size)
+        self._sub_bytes = self._half_bytes // self.size // LINE_BYTES * LINE_BYTES
         self._chunk_bytes = min(node.chunk_bytes, self._half_bytes)
         self._small_bytes = node.small_bytes
         # spinning pays only when no rank on this host (in any group) has to wait for a core
@@ -131,7 +131,7 @@ class ShmTransport(Transport):
     def _attach(self, seg_fds: Dict[int, int]) -> None:
         """Map every member's segment (``seg_fds`` keyed by group rank, own included); closes the descriptors."""
         try:
-            maps = [_map(seg_fds[q], self._seg_total, q == self.rank) for q in range(self.size)]
+            maps = [map_segment(seg_fds[q], self._seg_total, q == self.rank) for q in range(self.size)]
         finally:
             for fd in seg_fds.values():
                 os.close(fd)
@@ -150,18 +150,18 @@ class ShmTransport(Transport):
         node = self._node
         deadline = time.monotonic() + node.timeout
         digest = node.group_digest(self._members)
-        own = _new_segment_fd(node.segment_name("g" + digest[:4].hex()), self._seg_total, node.backing)
+        own = new_segment_fd(node.segment_name("g" + digest[:4].hex()), self._seg_total, node.backing)
         fds: Dict[int, int] = {self.rank: own}
         try:
             for q in self._peers:
                 peer = node.peers[self._members[q]]
-                _send_msg(peer.sock, _MSG.pack(_MAGIC, node.rank, self._seg_total, os.getpid(), digest), [own],
+                send_msg(peer.sock, HELLO.pack(MAGIC, node.rank, self._seg_total, os.getpid(), digest), [own],
                           deadline, node.describe(peer.rank))
             for q in self._peers:
                 peer = node.peers[self._members[q]]
-                data, got = _recv_msg(peer.sock, _MSG.size, 1, deadline, node.describe(peer.rank))
-                magic, rank, nbytes, _pid, their_digest = _MSG.unpack(data)
-                if magic != _MAGIC or rank != peer.rank or their_digest != digest or len(got) != 1 \
+                data, got = recv_msg(peer.sock, HELLO.size, 1, deadline, node.describe(peer.rank))
+                magic, rank, nbytes, _pid, their_digest = HELLO.unpack(data)
+                if magic != MAGIC or rank != peer.rank or their_digest != digest or len(got) != 1 \
                         or nbytes != self._seg_total:
                     for fd in got:
                         os.close(fd)
@@ -207,7 +207,7 @@ class ShmTransport(Transport):
         self._my_seq[0] = s
         for fd in self._wake_fds:
             try:
-                os.write(fd, _ONE)
+                os.write(fd, ONE)
             except BlockingIOError:  # a full pipe already holds a wake-up
                 pass
         return s
@@ -257,7 +257,7 @@ class ShmTransport(Transport):
                             pass
                     except BlockingIOError:
                         pass
-                elif ev & _POLL_DEAD:
+                elif ev & POLL_DEAD:
                     q = self._fd_rank[fd]
                     node.gone.add(self._members[q])
                     self._poller.unregister(fd)  # a hung-up socket stays readable: never poll it again
@@ -327,7 +327,7 @@ class ShmTransport(Transport):
         key = (n, itemsize)
         b = self._bounds_cache.get(key)
         if b is None:
-            unit = max(1, _LINE // itemsize)
+            unit = max(1, LINE_BYTES // itemsize)
             units = -(-n // unit)
             b = [min(n, (q * units // self.size) * unit) for q in range(self.size)] + [n]
             if len(self._bounds_cache) > 64:
@@ -534,16 +534,16 @@ class ShmTransport(Transport):
         tx = rx = None
         if dest is not None:
             tx_sock = node.peers[self._members[dest]].sock
-            tx = [memoryview(_LEN.pack(send.nbytes)), memoryview(_byte_view(send))]
+            tx = [memoryview(LENGTH.pack(send.nbytes)), memoryview(_byte_view(send))]
         if source is not None:
             rx_sock = node.peers[self._members[source]].sock
-            head = bytearray(_LEN.size)
+            head = bytearray(LENGTH.size)
             rx = [memoryview(head), memoryview(_byte_view(recv))]
         while tx or rx:
             progressed = False
             if tx:
                 try:
-                    k = tx_sock.send(tx[0][:_IO_CHUNK], socket.MSG_NOSIGNAL)
+                    k = tx_sock.send(tx[0][:IO_CHUNK], socket.MSG_NOSIGNAL)
                     tx[0] = tx[0][k:]
                     progressed = True
                 except (BlockingIOError, InterruptedError):
@@ -555,7 +555,7 @@ class ShmTransport(Transport):
                     tx.pop(0)
             if rx:
                 try:
-                    k = rx_sock.recv_into(rx[0], min(len(rx[0]), _IO_CHUNK)) if len(rx[0]) else 0
+                    k = rx_sock.recv_into(rx[0], min(len(rx[0]), IO_CHUNK)) if len(rx[0]) else 0
                     if len(rx[0]) and k == 0:
                         raise TransportError(
                             f"shm transport: {node.describe(self._members[source])} closed the connection during "
@@ -569,7 +569,7 @@ class ShmTransport(Transport):
                                          f"failed ({exc})", peer=source) from exc
                 if rx and not len(rx[0]):
                     if len(rx) == 2:
-                        (n,) = _LEN.unpack(head)
+                        (n,) = LENGTH.unpack(head)
                         if n != recv.nbytes:
                             raise TransportError(f"sendrecv: rank {source} sent {n} bytes, rank {self.rank} expected "
                                                  f"{recv.nbytes} (recv of {recv.size} {recv.dtype})", peer=source)
@@ -658,7 +658,7 @@ def create_shm(boot: Bootstrap) -> ShmTransport:
     if not _MEMORY_ORDER_OK:
         raise TransportError(f"shm transport relies on x86 memory ordering and this CPU is "
                              f"{platform.machine()!r}; use the tcp transport here")
-    node = _Node(boot, ShmTransport)
+    node = Node(boot, ShmTransport)
     try:
         members = tuple(range(boot.size))
         if boot.size == 1:
@@ -667,8 +667,8 @@ def create_shm(boot: Bootstrap) -> ShmTransport:
         else:
             if boot.store is None:
                 raise TransportError("shm transport needs the rendezvous store to find its local peers")
-            seg_bytes = _layout(node.segment_bytes, boot.size)[3]
-            own = _new_segment_fd(node.segment_name("w"), seg_bytes, node.backing)
+            seg_bytes = segment_layout(node.segment_bytes, boot.size)[3]
+            own = new_segment_fd(node.segment_name("w"), seg_bytes, node.backing)
             try:
                 seg_fds = node.connect(boot, own, seg_bytes)
             except BaseException:

@@ -32,14 +32,15 @@ MIB = 1 << 20
 DEFAULT_SPIN_US = 20.0  # only when every rank on the host has a core of its own
 
 _PAGE = 4096
-_LINE = 64
-_MAGIC = 0x31534D4853445648  # "HVDSHMS1"
-_MSG = struct.Struct("<QQQQ32s")  # magic, rank, segment bytes, pid, digest of the group
-_LEN = struct.Struct("<Q")
-_ONE = struct.pack("<Q", 1)
-_POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
-_IO_CHUNK = 4 * MIB
-_LIVE_NODES: "weakref.WeakSet[_Node]" = weakref.WeakSet()
+# The node's public API, used by the collectives in horovod/transport/shm.py:
+LINE_BYTES = 64  # cache line: shares and flags are aligned to it
+MAGIC = 0x31534D4853445648  # "HVDSHMS1"
+HELLO = struct.Struct("<QQQQ32s")  # magic, rank, segment bytes, pid, digest of the group
+LENGTH = struct.Struct("<Q")  # length prefix of a message
+ONE = struct.pack("<Q", 1)  # one eventfd wake-up
+POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
+IO_CHUNK = 4 * MIB  # largest single socket read/write when a collective falls back to the sockets
+_LIVE_NODES: "weakref.WeakSet[Node]" = weakref.WeakSet()
 
 
 def _drop_in_forked_child() -> None:
@@ -68,7 +69,7 @@ def _make_wake() -> Tuple[int, int]:
     return r, w
 
 
-def _new_segment_fd(name: str, nbytes: int, backing: str) -> int:
+def new_segment_fd(name: str, nbytes: int, backing: str) -> int:
     """A descriptor of ``nbytes`` of fresh shared memory that has no name left anywhere once this returns."""
     if backing == "memfd" and hasattr(os, "memfd_create"):
         fd = os.memfd_create(name, os.MFD_CLOEXEC)
@@ -86,21 +87,21 @@ def _new_segment_fd(name: str, nbytes: int, backing: str) -> int:
     return fd
 
 
-def _map(fd: int, nbytes: int, writable: bool) -> mmap.mmap:
+def map_segment(fd: int, nbytes: int, writable: bool) -> mmap.mmap:
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in now, not in a collective
     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
     return mmap.mmap(fd, nbytes, flags=flags, prot=prot)
 
 
-def _layout(segment_bytes: int, size: int) -> Tuple[int, int, int, int]:
+def segment_layout(segment_bytes: int, size: int) -> Tuple[int, int, int, int]:
     """(metadata bytes per half, data offset, half bytes, total bytes) of a segment.
 
     Header: step counter at 0, then one metadata block per half at 128 (a more-flag and per-peer byte counts).
     """
-    meta = _round_up(8 * (size + 2), _LINE)
+    meta = _round_up(8 * (size + 2), LINE_BYTES)
     data_off = _round_up(128 + 2 * meta, _PAGE)
     # at least one cache line per peer in the per-destination subslots of alltoallv / reducescatter
-    half = max(_round_up(size * _LINE, _PAGE), segment_bytes // 2 // _PAGE * _PAGE)
+    half = max(_round_up(size * LINE_BYTES, _PAGE), segment_bytes // 2 // _PAGE * _PAGE)
     return meta, data_off, half, data_off + 2 * half
 
 
@@ -111,7 +112,7 @@ class _Peer:
         self.rank, self.sock, self.wake_fd, self.pid = rank, sock, wake_fd, pid
 
 
-def _send_msg(sock: socket.socket, payload: bytes, fds: Sequence[int], deadline: float, peer: str) -> None:
+def send_msg(sock: socket.socket, payload: bytes, fds: Sequence[int], deadline: float, peer: str) -> None:
     """Send one small message (with descriptors) on a non-blocking socket."""
     while True:
         try:
@@ -130,7 +131,7 @@ def _send_all(sock: socket.socket, view: memoryview, deadline: float, peer: str)
     sent = 0
     while sent < len(view):
         try:
-            sent += sock.send(view[sent:sent + _IO_CHUNK], socket.MSG_NOSIGNAL)
+            sent += sock.send(view[sent:sent + IO_CHUNK], socket.MSG_NOSIGNAL)
         except (BlockingIOError, InterruptedError):
             _poll_one(sock, select.POLLOUT, deadline, peer)
         except OSError as exc:
@@ -138,7 +139,7 @@ def _send_all(sock: socket.socket, view: memoryview, deadline: float, peer: str)
                                  peer=peer) from exc
 
 
-def _recv_msg(sock: socket.socket, size: int, nfds: int, deadline: float, peer: str) -> Tuple[bytes, List[int]]:
+def recv_msg(sock: socket.socket, size: int, nfds: int, deadline: float, peer: str) -> Tuple[bytes, List[int]]:
     """Receive one ``size``-byte message and up to ``nfds`` descriptors on a non-blocking socket."""
     data, fds = b"", []
     while len(data) < size:
@@ -168,7 +169,7 @@ def _poll_one(sock: socket.socket, events: int, deadline: float, peer: str) -> N
     p.poll(remaining * 1000 + 1)
 
 
-class _Node:
+class Node:
     """What this process shares between the world group and its subgroups: identity, sockets, wake-ups.
 
     Args:
@@ -303,11 +304,11 @@ class _Node:
             except OSError:
                 pass
         what = f"local rank {q}"
-        _send_msg(sock, _MSG.pack(_MAGIC, self.rank, seg_bytes, os.getpid(), digest), [self.wake_w, seg_fd],
+        send_msg(sock, HELLO.pack(MAGIC, self.rank, seg_bytes, os.getpid(), digest), [self.wake_w, seg_fd],
                   deadline, what)
-        data, fds = _recv_msg(sock, _MSG.size, 2, deadline, what)
-        magic, rank, nbytes, pid, their_digest = _MSG.unpack(data)
-        if magic != _MAGIC or rank != q or their_digest != digest or nbytes != seg_bytes or len(fds) != 2:
+        data, fds = recv_msg(sock, HELLO.size, 2, deadline, what)
+        magic, rank, nbytes, pid, their_digest = HELLO.unpack(data)
+        if magic != MAGIC or rank != q or their_digest != digest or nbytes != seg_bytes or len(fds) != 2:
             for fd in fds:
                 os.close(fd)
             raise TransportError(f"shm transport: {what} sent a malformed setup message (rank {rank}, "
