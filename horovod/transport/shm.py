@@ -35,23 +35,18 @@ Linux (memfd, eventfd, abstract UNIX sockets; a /dev/shm file, a pipe and a sock
 """
 from __future__ import annotations
 
-import logging
-import mmap
 import os
 import platform
 import select
 import socket
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 
-from horovod.common.spin import Spinner, default_budget_us
-from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, Transport, TransportError, register
-from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, IO_CHUNK, LENGTH, LINE_BYTES, MAGIC, ONE, POLL_DEAD,
-                                        Node, map_segment, new_segment_fd, recv_msg, segment_layout, send_msg)
-
-logger = logging.getLogger(__name__)
+from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, TransportError, register
+from horovod.transport.shm_group import ShmGroup
+from horovod.transport.shm_node import IO_CHUNK, LENGTH, LINE_BYTES, Node, new_segment_fd, segment_layout
 
 _TSO_MACHINES = {"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"}
 
@@ -81,7 +76,7 @@ def _byte_view(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint8)
 
 
-class ShmTransport(Transport):
+class ShmTransport(ShmGroup):
     """Collectives among processes of one host through shared memory (see the module docstring).
 
     Create the world group with :func:`create_shm`; :meth:`subgroup` gives groups of a subset.
@@ -92,184 +87,6 @@ class ShmTransport(Transport):
     """
 
     name = "shm"
-
-    def __init__(self, node: Node, members: Tuple[int, ...], seg_fds: Optional[Dict[int, int]] = None):
-        self._node = node
-        self._members = members
-        self.rank, self.size = members.index(node.rank), len(members)
-        self._closed = False
-        self._ready = False
-        self._op = "setup"
-        self._seq = 0
-        self._rounds = 0
-        self._free_at = [0, 0]
-        self._maps: List[mmap.mmap] = []
-        self._typed_cache: Dict[Tuple[np.dtype, int], List[np.ndarray]] = {}
-        self._sub_cache: Dict[Tuple[np.dtype, int], List[List[np.ndarray]]] = {}
-        self._bounds_cache: Dict[Tuple[int, int], List[int]] = {}
-        self._meta_bytes, self._data_off, self._half_bytes, self._seg_total = segment_layout(node.segment_bytes, self.size)
-        self._sub_bytes = self._half_bytes // self.size // LINE_BYTES * LINE_BYTES
-        self._chunk_bytes = min(node.chunk_bytes, self._half_bytes)
-        self._small_bytes = node.small_bytes
-        # spinning pays only when no rank on this host (in any group) has to wait for a core
-        self._spinner = Spinner(node.spin_us if node.spin_us is not None
-                                else default_budget_us(node.size, DEFAULT_SPIN_US))
-        self._peers = [q for q in range(self.size) if q != self.rank]
-        self._wake_fds = [node.peers[members[q]].wake_fd for q in self._peers]
-        self._poller = select.poll()
-        self._poller.register(node.wake_r, select.POLLIN)
-        self._fd_rank: Dict[int, int] = {}
-        for q in self._peers:
-            sock = node.peers[members[q]].sock
-            self._poller.register(sock, getattr(select, "POLLRDHUP", 0))
-            self._fd_rank[sock.fileno()] = q
-        if seg_fds is not None:
-            self._attach(seg_fds)
-
-    # -- memory ------------------------------------------------------------------------------------------------
-
-    def _attach(self, seg_fds: Dict[int, int]) -> None:
-        """Map every member's segment (``seg_fds`` keyed by group rank, own included); closes the descriptors."""
-        try:
-            maps = [map_segment(seg_fds[q], self._seg_total, q == self.rank) for q in range(self.size)]
-        finally:
-            for fd in seg_fds.values():
-                os.close(fd)
-        self._maps = maps
-        self._seqs = [memoryview(m)[:8].cast("q") for m in maps]
-        self._my_seq = self._seqs[self.rank]
-        raw = [np.frombuffer(m, dtype=np.uint8) for m in maps]
-        self._meta = [[raw[q][128 + h * self._meta_bytes:128 + (h + 1) * self._meta_bytes].view(np.int64)
-                       for h in (0, 1)] for q in range(self.size)]
-        d, hb = self._data_off, self._half_bytes
-        self._half = [[raw[q][d + h * hb:d + (h + 1) * hb] for h in (0, 1)] for q in range(self.size)]
-        self._ready = True
-
-    def _setup_subgroup(self) -> None:
-        """First collective of a subgroup: members trade fresh segments over the pair sockets."""
-        node = self._node
-        deadline = time.monotonic() + node.timeout
-        digest = node.group_digest(self._members)
-        own = new_segment_fd(node.segment_name("g" + digest[:4].hex()), self._seg_total, node.backing)
-        fds: Dict[int, int] = {self.rank: own}
-        try:
-            for q in self._peers:
-                peer = node.peers[self._members[q]]
-                send_msg(peer.sock, HELLO.pack(MAGIC, node.rank, self._seg_total, os.getpid(), digest), [own],
-                          deadline, node.describe(peer.rank))
-            for q in self._peers:
-                peer = node.peers[self._members[q]]
-                data, got = recv_msg(peer.sock, HELLO.size, 1, deadline, node.describe(peer.rank))
-                magic, rank, nbytes, _pid, their_digest = HELLO.unpack(data)
-                if magic != MAGIC or rank != peer.rank or their_digest != digest or len(got) != 1 \
-                        or nbytes != self._seg_total:
-                    for fd in got:
-                        os.close(fd)
-                    raise TransportError(
-                        f"shm transport: {node.describe(peer.rank)} is not setting up subgroup {list(self._members)} "
-                        f"now (it sent a message for another group or of another size): members must run their "
-                        f"collectives in the same order", peer=q)
-                fds[q] = got[0]
-        except BaseException:
-            for fd in fds.values():
-                os.close(fd)
-            raise
-        self._attach(fds)
-
-    def _typed(self, dtype: np.dtype, h: int) -> List[np.ndarray]:
-        views = self._typed_cache.get((dtype, h))
-        if views is None:
-            views = self._typed_cache[(dtype, h)] = [self._half[q][h].view(dtype) for q in range(self.size)]
-        return views
-
-    def _subslots(self, dtype: np.dtype, h: int) -> List[List[np.ndarray]]:
-        """``[q][p]``: the part of rank q's half ``h`` that holds q's data for rank p."""
-        key = (dtype, h)
-        views = self._sub_cache.get(key)
-        if views is None:
-            b = self._sub_bytes
-            views = self._sub_cache[key] = [[self._half[q][h][p * b:(p + 1) * b].view(dtype)
-                                             for p in range(self.size)] for q in range(self.size)]
-        return views
-
-    # -- progress ----------------------------------------------------------------------------------------------
-
-    def _enter(self, op: str) -> None:
-        if self._closed or self._node.closed:
-            raise TransportError(f"shm transport: {op} called after close()")
-        self._op = op
-        if not self._ready:
-            self._setup_subgroup()
-
-    def _step(self) -> int:
-        """Publish that this rank passed the next protocol point, and wake the peers."""
-        s = self._seq = self._seq + 1
-        self._my_seq[0] = s
-        for fd in self._wake_fds:
-            try:
-                os.write(fd, ONE)
-            except BlockingIOError:  # a full pipe already holds a wake-up
-                pass
-        return s
-
-    def _next_half(self, write: bool) -> int:
-        """The half of the next round (the same on every rank); when writing, wait until its readers are done."""
-        h = self._rounds & 1
-        self._rounds += 1
-        if write and self._free_at[h]:
-            self._wait(self._free_at[h])
-        return h
-
-    def _wait(self, target: int, who: Optional[Sequence[int]] = None) -> None:
-        """Block until every peer in ``who`` (default: all) has made step ``target``."""
-        seqs = self._seqs
-        pending = [q for q in (self._peers if who is None else who) if seqs[q][0] < target]
-        if not pending:
-            return
-
-        def arrived() -> bool:
-            nonlocal pending
-            pending = [q for q in pending if seqs[q][0] < target]
-            return not pending
-
-        if self._spinner.spin(arrived):
-            return
-        self._block(target, pending)
-
-    def _block(self, target: int, pending: List[int]) -> None:
-        node, seqs = self._node, self._seqs
-        deadline = time.monotonic() + node.timeout
-        while True:
-            dead = [q for q in pending if self._members[q] in node.gone]
-            if dead:
-                self._raise_dead(dead, target)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                names = ", ".join(node.describe(self._members[q]) for q in pending)
-                raise TransportError(
-                    f"shm transport: rank {self.rank} waited {node.timeout:.0f} s in {self._op} for {names} "
-                    f"(group rank(s) {pending}) to reach step {target}; the peer is stuck, or ranks called different "
-                    f"collectives (raise the timeout if it is merely slow)", peer=pending[0])
-            for fd, ev in self._poller.poll(remaining * 1000 + 1):
-                if fd == node.wake_r:
-                    try:
-                        while os.read(fd, 8) and fd != node.wake_w:  # a pipe may hold several wake-ups
-                            pass
-                    except BlockingIOError:
-                        pass
-                elif ev & POLL_DEAD:
-                    q = self._fd_rank[fd]
-                    node.gone.add(self._members[q])
-                    self._poller.unregister(fd)  # a hung-up socket stays readable: never poll it again
-            pending = [q for q in pending if seqs[q][0] < target]
-            if not pending:
-                return
-
-    def _raise_dead(self, dead: List[int], target: int) -> None:
-        names = ", ".join(f"{self._node.describe(self._members[q])} (group rank {q})" for q in dead)
-        raise TransportError(
-            f"shm transport: {names} exited or was killed while rank {self.rank} waited for it in {self._op} "
-            f"(step {target}); the group cannot continue", peer=dead[0])
 
     # -- collectives -------------------------------------------------------------------------------------------
 
@@ -588,51 +405,6 @@ class ShmTransport(Transport):
             if rx:
                 p.register(rx_sock, select.POLLIN | (select.POLLOUT if tx and tx_sock is rx_sock else 0))
             p.poll(remaining * 1000 + 1)
-
-    def subgroup(self, ranks: Sequence[int]) -> Transport:
-        ranks = sorted(int(q) for q in ranks)
-        if len(set(ranks)) != len(ranks) or not ranks or ranks[0] < 0 or ranks[-1] >= self.size:
-            raise ValueError(f"subgroup: ranks {ranks} must be distinct ranks of this group of {self.size}")
-        if self.rank not in ranks:
-            raise ValueError(f"subgroup: rank {self.rank} is not in {ranks}; only members may create a subgroup")
-        if self._closed or self._node.closed:
-            raise TransportError("shm transport: subgroup() after close()")
-        return self._node.subgroup(tuple(self._members[q] for q in ranks))
-
-    def _check_counts(self, counts: Sequence[int], what: str) -> List[int]:
-        counts = [int(c) for c in counts]
-        if len(counts) != self.size or min(counts, default=0) < 0:
-            raise ValueError(f"{what} must hold {self.size} non-negative counts, got {counts}")
-        return counts
-
-    # -- teardown ----------------------------------------------------------------------------------------------
-
-    def _release(self) -> None:
-        """Unmap this group's segments (the memory goes when every member has unmapped or exited)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._typed_cache.clear()
-        self._sub_cache.clear()
-        self._half = self._meta = None
-        for mv in getattr(self, "_seqs", ()):
-            mv.release()
-        self._seqs = self._my_seq = None
-        for m in self._maps:
-            try:
-                m.close()
-            except BufferError:  # a view is still referenced somewhere; the GC unmaps it later
-                logger.debug("shm transport: segment still referenced at close; left to the garbage collector")
-        self._maps = []
-
-    def close(self) -> None:
-        """Release this group's memory; on the world group, also every subgroup, socket and descriptor."""
-        if self is self._node.world:
-            self._node.close()
-        else:
-            self._release()
-            if self._node.groups.get(self._members) is self:
-                del self._node.groups[self._members]
 
 
 _MEMORY_ORDER_OK = platform.machine().lower() in _TSO_MACHINES
