@@ -17,9 +17,7 @@ mpi4py is imported lazily: importing this module never fails; creating a transpo
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
-import socket
 import sys
 import threading
 import zlib
@@ -51,14 +49,6 @@ def _mpi() -> "_MPIModule":
         raise ImportError(f"the MPI transport needs mpi4py, which could not be imported ({exc}); "
                           f"{_INSTALL_HINT}") from exc
     return MPI
-
-
-def mpi_available() -> bool:
-    """Whether mpi4py is installed; does not import ``mpi4py.MPI``, so MPI is not initialised."""
-    try:
-        return importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("mpi4py.MPI") is not None
-    except (ImportError, ValueError, AttributeError):   # e.g. a broken or blocked mpi4py package
-        return False
 
 
 def configure_mpi4py(threads_disable: bool = False) -> bool:
@@ -93,64 +83,6 @@ def configure_mpi4py(threads_disable: bool = False) -> bool:
     mpi4py.rc.threads = True
     mpi4py.rc.thread_level = "serialized" if threads_disable else "multiple"
     return True
-
-
-def threads_supported() -> bool:
-    """``MPI_THREAD_MULTIPLE`` is in effect (what ``hvd.mpi_threads_supported()`` reports); initialises MPI."""
-    MPI = _mpi()
-    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
-
-
-def world_layout(comm: Any = None) -> Dict[str, Any]:
-    """This process's place in the job as MPI sees it.  Collective over ``comm``.
-
-    Args:
-        comm: an mpi4py communicator; ``MPI.COMM_WORLD`` when None.
-
-    Returns:
-        ``rank``, ``size``, ``local_rank``, ``local_size`` (processes sharing this node's memory),
-        ``cross_rank``, ``cross_size`` (processes with this ``local_rank``, one per node), ``hostname`` and
-        ``homogeneous`` (every node runs the same number of processes).
-    """
-    MPI = _mpi()
-    comm = MPI.COMM_WORLD if comm is None else comm
-    rank, size = comm.Get_rank(), comm.Get_size()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    try:
-        local_rank, local_size = local.Get_rank(), local.Get_size()
-    finally:
-        local.Free()
-    cross = comm.Split(color=local_rank, key=rank)
-    try:
-        cross_rank, cross_size = cross.Get_rank(), cross.Get_size()
-    finally:
-        cross.Free()
-    smallest, largest = comm.allreduce(local_size, op=MPI.MIN), comm.allreduce(local_size, op=MPI.MAX)
-    return {
-        "rank": rank, "size": size, "local_rank": local_rank, "local_size": local_size,
-        "cross_rank": cross_rank, "cross_size": cross_size, "hostname": socket.gethostname(),
-        "homogeneous": smallest == largest,
-    }
-
-
-def bcast_object(comm: Any, obj: Any = None, root: int = 0) -> Any:
-    """Send a picklable object (cloudpickle, so closures work) from ``root`` to every rank of ``comm``.
-
-    Collective over ``comm``.  Payloads come only from members of the same MPI job, so unpickling them is no wider
-    trust than MPI itself grants.
-    """
-    import cloudpickle
-
-    MPI = _mpi()
-    rank = comm.Get_rank()
-    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if rank == root else None
-    length = np.array([payload.size if payload is not None else 0], dtype=np.int64)
-    comm.Bcast([length, MPI.INT64_T], root=root)
-    if rank != root:
-        payload = np.empty(int(length[0]), dtype=np.uint8)
-    if payload.size:
-        comm.Bcast([payload, MPI.BYTE], root=root)
-    return obj if rank == root else cloudpickle.loads(payload.tobytes())
 
 
 def _group_tag(ranks: Tuple[int, ...]) -> int:
