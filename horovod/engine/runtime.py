@@ -13,7 +13,7 @@ lock, one at a time:
 An idle background thread parks on a condition variable and polls the control connections about once a second
 (heartbeats, shutdown notices, stall checks).  Whoever drives blocks in ``select`` on the control connections
 and a wake-up socketpair; only a waiting caller re-checks briefly first, and only when every local rank has a
-core of its own (:mod:`horovod.common.spin`).  The background thread never spins.  Rank 0 also runs the :class:`Coordinator`: it decides one execution
+core of its own (:mod:`horovod.transport.spin`).  The background thread never spins.  Rank 0 also runs the :class:`Coordinator`: it decides one execution
 order and sends it to the members of each process set before executing it itself.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from horovod.common.spin import Spinner, default_budget_us
+from horovod.transport.spin import Spinner, default_budget_us
 from horovod.common.exceptions import HorovodInternalError, MismatchError, PeerFailureError, ShutdownError
 from horovod.engine import fusion, ops
 from horovod.engine.config import Config

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from horovod.common.spin import Spinner, default_budget_us
+from horovod.transport.spin import Spinner, default_budget_us
 from horovod.transport.base import Transport, TransportError
 from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, LINE_BYTES, MAGIC, ONE, POLL_DEAD, Node, map_segment,
                                         new_segment_fd, recv_msg, segment_layout, send_msg)
