@@ -263,7 +263,9 @@ class Failures:
 
 
 def assert_no_failures(reports: Sequence[dict]) -> None:
-    """Fail the test with every rank's collected failures."""
+    """Fail the test with every rank's collected failures, or when a rank checked nothing at all."""
+    idle = [r["rank"] for r in reports if not r["checked"]]
+    assert reports and not idle, f"rank(s) {idle} ran no check: the test cannot have tested anything there"
     bad = [r for r in reports if r["failed"]]
     if bad:
         lines = []
