@@ -1,53 +1,12 @@
-"""Exceptions every binding shares; typed so that no caller has to branch on message text."""
-from __future__ import annotations
-
-
-class HorovodInternalError(RuntimeError):
-    """A collective failed on this or another rank (peer died, mismatch, shutdown).
-
-    In elastic training this triggers a restore of the last committed state and a reset.
-    """
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Hosts were added or removed; elastic training resets without restoring.
-
-    Args:
-        skip_sync: True when hosts were only removed, so surviving state needs no re-broadcast.
-    """
-
-    def __init__(self, skip_sync: bool = False):
-        super().__init__("hosts updated")
-        self.skip_sync = skip_sync
-
-
-class MismatchError(HorovodInternalError):
-    """Ranks disagreed about a collective (dtype, shape, op, root, scale factors, process set)."""
-
-
-class ShutdownError(HorovodInternalError):
-    """The engine was shut down while the collective was pending."""
-
-
-class PeerFailureError(HorovodInternalError):
-    """A peer process died, closed its connection or timed out during a collective."""
-
-
-class StallError(HorovodInternalError):
-    """A collective waited longer than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS for missing ranks."""
-
-
-class HorovodVersionMismatchError(ImportError):
-    """The framework installed differs from the one this package was checked against."""
-
-    def __init__(self, name: str, version: str, installed_version: str):
-        super().__init__(get_version_mismatch_message(name, version, installed_version))
-        self.name = name
-        self.version = version
-        self.installed_version = installed_version
-
-
-def get_version_mismatch_message(name: str, version: str, installed_version: str) -> str:
-    return (f"Framework {name} installed with version {installed_version} but found version {version}. "
-            f"This can result in unexpected behavior including runtime errors. "
-            f"Reinstall the framework binding against the framework version in use.")
+"""The exceptions of every binding, under the original's import path (defined in :mod:`horovod.engine.errors`)."""
+from horovod.engine.errors import (  # noqa: F401  (re-exported)
+    HorovodInternalError,
+    InvalidArgumentError,
+    HostsUpdatedInterrupt,
+    MismatchError,
+    ShutdownError,
+    PeerFailureError,
+    StallError,
+    HorovodVersionMismatchError,
+    get_version_mismatch_message,
+)

@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from horovod.engine import ops
+from horovod.engine.errors import InvalidArgumentError
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
 
@@ -55,11 +56,17 @@ def reset_names() -> None:
 
 
 def tensor_name(prefix: str, name: Optional[str], process_set: int = 0) -> str:
-    """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered in issue order within ``process_set``."""
+    """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered in issue order within ``process_set``.
+
+    Outside the global set the set's id is part of an unnamed op's name (``<prefix>.noname.<n>.set<id>``): the
+    counters of two sets run independently, so their numbers meet, and the coordinator must not take two
+    different sets' n-th unnamed ops for one collective submitted on the wrong set.
+    """
     if name is None:
         with _name_lock:
             counter = _noname_counters.setdefault(process_set, itertools.count())
-            return f"{prefix}.noname.{next(counter)}"
+            n = next(counter)
+        return f"{prefix}.noname.{n}" if process_set == 0 else f"{prefix}.noname.{n}.set{process_set}"
     return f"{prefix}.{name}"
 
 
@@ -114,7 +121,7 @@ def _single(results):
 
 def _check_op(op: int, process_set: int, what: str = "allreduce") -> None:
     if op not in ops.OP_NAMES:
-        raise ValueError(f"Unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product "
+        raise InvalidArgumentError(f"Unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product "
                          f"or hvd.Adasum.")
     if op == ops.Adasum:
         runtime = _runtime()
@@ -140,7 +147,7 @@ def allgather_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, proc
     """Concatenate each tensor across ranks along dimension 0 (first dimensions may differ per rank)."""
     for t in tensors:
         if np.ndim(t) == 0:
-            raise ValueError("allgather needs a tensor with at least one dimension; got a scalar. "
+            raise InvalidArgumentError("allgather needs a tensor with at least one dimension; got a scalar. "
                              "Reshape it to [1] first.")
     return _enqueue(ops.ALLGATHER, tensors, names, process_set=process_set, dtypes=dtypes, grouped=grouped,
                     finalize=None if grouped else _single)
@@ -153,10 +160,10 @@ def broadcast_async(tensors: Sequence[np.ndarray], names: Sequence[str], root_ra
     runtime = _runtime()
     pset = runtime.sets.get(process_set)
     if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < runtime.size:
-        raise ValueError(f"broadcast root_rank {root_rank!r} is invalid: expected a global rank in "
+        raise InvalidArgumentError(f"broadcast root_rank {root_rank!r} is invalid: expected a global rank in "
                          f"[0, {runtime.size}).")
     if pset is not None and root_rank not in pset.ranks:
-        raise ValueError(f"broadcast root_rank {root_rank} is not a member of the process set {list(pset.ranks)}.")
+        raise InvalidArgumentError(f"broadcast root_rank {root_rank} is not a member of the process set {list(pset.ranks)}.")
     return _enqueue(ops.BROADCAST, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes,
                     root=int(root_rank), grouped=grouped, finalize=None if grouped else _single)
 
@@ -169,22 +176,22 @@ def alltoall_async(tensor: np.ndarray, name: str, splits: Optional[Sequence[int]
     members = len(pset.ranks) if pset is not None else runtime.size
     tensor = np.asarray(tensor)
     if tensor.ndim == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension; got a scalar.")
+        raise InvalidArgumentError("alltoall needs a tensor with at least one dimension; got a scalar.")
     rows = tensor.shape[0]
     if splits is None:
         if rows % members:
-            raise ValueError(f"alltoall without splits needs the first dimension ({rows}) to be divisible by the "
+            raise InvalidArgumentError(f"alltoall without splits needs the first dimension ({rows}) to be divisible by the "
                              f"number of ranks ({members}); pass splits=[...] for an uneven exchange.")
         split_list = [rows // members] * members
     else:
         split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
         if len(split_list) != members:
-            raise ValueError(f"alltoall splits has {len(split_list)} entries; expected one per rank of the process "
+            raise InvalidArgumentError(f"alltoall splits has {len(split_list)} entries; expected one per rank of the process "
                              f"set ({members}).")
         if any(s < 0 for s in split_list):
-            raise ValueError(f"alltoall splits must be non-negative, got {split_list}.")
+            raise InvalidArgumentError(f"alltoall splits must be non-negative, got {split_list}.")
         if sum(split_list) != rows:
-            raise ValueError(f"alltoall splits sum to {sum(split_list)} but the tensor's first dimension is {rows}.")
+            raise InvalidArgumentError(f"alltoall splits sum to {sum(split_list)} but the tensor's first dimension is {rows}.")
     return _enqueue(ops.ALLTOALL, [tensor], [name], process_set=process_set, dtypes=[dtype] if dtype else None,
                     splits=[split_list], finalize=_single)
 
@@ -194,10 +201,10 @@ def reducescatter_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, 
                         dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
     """Reduce across ranks and give rank r its block of rows (lower ranks get the extra rows)."""
     if op not in (ops.Sum, ops.Average):
-        raise ValueError(f"reducescatter supports only Sum and Average, got {ops.OP_NAMES.get(op, op)}.")
+        raise InvalidArgumentError(f"reducescatter supports only Sum and Average, got {ops.OP_NAMES.get(op, op)}.")
     for t in tensors:
         if np.ndim(t) == 0:
-            raise ValueError("reducescatter needs a tensor with at least one dimension; got a scalar.")
+            raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension; got a scalar.")
     return _enqueue(ops.REDUCESCATTER, tensors, names, process_set=process_set, dtypes=dtypes, op=op,
                     prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single)
 
@@ -206,7 +213,8 @@ def barrier(process_set: int = 0) -> None:
     """Return once every rank of the process set has reached the barrier."""
     runtime = _runtime()
     handle = Handle(1, ["barrier"], _single)
-    req = Request(rank=runtime.rank, name="barrier.noname", kind=ops.BARRIER, process_set=process_set)
+    req = Request(rank=runtime.rank, name=tensor_name("barrier", None, process_set), kind=ops.BARRIER,
+                  process_set=process_set)
     runtime.enqueue([Entry(req, None, None, handle)], attended=True)
     handle.wait()
 

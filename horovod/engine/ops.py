@@ -73,9 +73,12 @@ def scale_inplace(buf: np.ndarray, factor: float) -> None:
     if factor == 1.0:
         return
     if buf.dtype.kind in "iu":
-        np.multiply(buf, factor, out=buf, casting="unsafe")
+        np.multiply(buf, factor, out=buf, casting="unsafe")   # in float64, then truncated
     elif buf.dtype == np.bool_:
         if factor == 0:
             buf[...] = False
+    elif buf.dtype == np.float16:
+        # In float32 with a float32 factor, rounded once to half (a half factor would lose 3 digits first).
+        np.multiply(buf, np.float32(factor), out=buf, casting="unsafe")
     else:
         np.multiply(buf, buf.dtype.type(factor), out=buf)

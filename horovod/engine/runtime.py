@@ -27,7 +27,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.transport.spin import Spinner, default_budget_us
-from horovod.common.exceptions import HorovodInternalError, MismatchError, PeerFailureError, ShutdownError
+from horovod.engine.errors import HorovodInternalError, MismatchError, PeerFailureError, ShutdownError
 from horovod.engine import fusion, ops
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane

@@ -6,7 +6,9 @@ Gradients follow Horovod 0.28.1, so that a script's training dynamics do not cha
 * allgather: the output gradients are allreduce-**averaged**, then each rank takes the rows of its own input;
 * broadcast: the output gradients are allreduce-averaged; ranks other than the root get zeros;
 * alltoall: the output gradients travel back with an alltoall using the splits this rank received;
-* reducescatter: the output gradients are allgathered (and scaled by the forward's factors, 1/n for Average).
+* reducescatter: the output gradients are allgathered and multiplied by the set size for Sum (by 1 for Average),
+  and by the forward's scale factors; the original's gradient, kept although the true adjoint of a Sum would be
+  the allgather alone.
 """
 from __future__ import annotations
 
@@ -224,13 +226,13 @@ def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
 # -- reducescatter ---------------------------------------------------------------------------------------
 def _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set) -> float:
     scale = prescale_factor * postscale_factor
-    if op == Average:
-        scale /= _set_size(process_set)
+    if op != Average:
+        scale *= _set_size(process_set)
     return scale
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Reducescatter; the gradient is the allgather of the output gradients (scaled like the forward)."""
+    """Reducescatter; the gradient is the allgather of the output gradients, scaled (see the module docstring)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):

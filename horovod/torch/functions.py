@@ -70,11 +70,13 @@ def _underlying_step(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create the optimizer's state with one step on zero gradients, leaving parameters and gradients as they were.
+    """Create the optimizer's state with one step on zero gradients, leaving the parameters as they were.
 
     Freshly created optimizers have no state until their first step; a broadcast needs every rank to hold the
     same state entries, so each rank takes one local step on zero gradients (like the original) — and then puts
-    the parameter values and gradients back, so that the step has no side effect besides creating the state.
+    the parameter values back, so that weight decay or momentum cannot move them. Gradients that existed are put
+    back too; a trainable parameter that had none keeps the zero gradient, as in the original (scripts read
+    ``p.grad`` right after the broadcast).
     """
     saved = []
     for group in optimizer.param_groups:
@@ -92,7 +94,8 @@ def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
         with torch.no_grad():
             for p, value, grad in saved:
                 p.copy_(value)
-                p.grad = grad
+                if grad is not None:
+                    p.grad = grad
 
 
 def _state_layout(optimizer: torch.optim.Optimizer) -> List[Dict[str, Any]]:

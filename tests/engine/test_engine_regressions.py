@@ -394,3 +394,43 @@ def test_a_driving_caller_hands_over_on_timeout_and_leaves_on_shutdown():
     assert all(r["late"] == [2.0, 2.0, 2.0] for r in results), results
     assert results[0]["orphan"] == "ShutdownError" and results[0]["orphan_seconds"] < 5, results
     assert "shutdown" not in results[1], results
+
+
+# ------------------------------------------------------------------------------- unnamed ops of disjoint sets
+def disjoint_unnamed_worker() -> dict:
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init(process_sets="dynamic")
+    rank, size = hvd.rank(), hvd.size()
+    even = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    odd = hvd.add_process_set([r for r in range(size) if r % 2 == 1])
+    mine = even if rank % 2 == 0 else odd
+    out = {}
+    for rnd in range(3):
+        if rank == 0:
+            time.sleep(0.3)  # the others reach the global barrier below while rank 0 is still in its set's
+        hvd.barrier(process_set=mine)
+        # unnamed: numbered per set, so the set's n-th and the global set's n-th must not be taken for one op
+        got = hvd.allreduce(np.full(3, rank + 1.0), op=hvd.Sum, process_set=mine)
+        out[f"set sum {rnd}"] = float(got[0])
+        hvd.barrier()
+        out[f"global sum {rnd}"] = float(hvd.allreduce(np.ones(2), op=hvd.Sum)[0])
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_unnamed_ops_on_disjoint_sets_do_not_collide_with_the_global_set(np_):
+    """Was: hvd.barrier(process_set=...) on a subset failed with "Mismatched process sets" while other ranks
+    waited in a global barrier: every barrier was named "barrier.noname", and unnamed ops of different sets
+    share numbers (each set counts its own), so the coordinator took them for one op on the wrong set."""
+    results = run(disjoint_unnamed_worker, np_, "tcp", timeout=90)
+    for rank, out in enumerate(results):
+        members = [r for r in range(np_) if r % 2 == rank % 2]
+        for rnd in range(3):
+            assert out[f"set sum {rnd}"] == sum(r + 1.0 for r in members), (rank, out)
+            assert out[f"global sum {rnd}"] == float(np_), (rank, out)

@@ -18,7 +18,7 @@ OPS_AND_NAMES = {
     "BROADCAST": "broadcast.tl_bc",
     "ALLTOALL": "alltoall.tl_a2a",
     "REDUCESCATTER": "reducescatter.tl_rs",
-    "BARRIER": "barrier.noname",
+    "BARRIER": "barrier.noname.0",  # unnamed: numbered like every unnamed op of its set
 }
 
 

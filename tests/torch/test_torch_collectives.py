@@ -357,8 +357,9 @@ def collectives_worker() -> dict:  # noqa: C901  (one flat script on purpose: on
     f.close(x.grad, torch.cat([weights(p, (2 * n, 3))[2 * r:2 * r + 2] for p in range(n)]),
             "alltoall equal split grad")
 
-    # reducescatter: grad = allgather of the output gradients (scaled like the forward)
-    for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+    # reducescatter: grad = allgather of the output gradients, times the set size for Sum (1 for Average), times
+    # the forward's scale factors: Horovod 0.28.1's gradient
+    for op, scale in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):
         d0 = 2 * n + 1
         counts = rs_rows(d0)
         x = torch.ones(d0, 2, dtype=torch.float64, requires_grad=True)
@@ -369,7 +370,7 @@ def collectives_worker() -> dict:  # noqa: C901  (one flat script on purpose: on
     xs = [torch.ones(n, dtype=torch.float64, requires_grad=True)]
     ys = hvd.grouped_reducescatter(xs, op=hvd.Sum)
     (ys[0] * weights(r, tuple(ys[0].shape))).sum().backward()
-    f.close(xs[0].grad, torch.cat([weights(p, (1,)) for p in range(n)]), "grouped_reducescatter grad")
+    f.close(xs[0].grad, torch.cat([weights(p, (1,)) for p in range(n)]) * n, "grouped_reducescatter grad")
     return f.result()
 
 
