@@ -10,9 +10,8 @@ issue order).
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from horovod.engine import ops
 from horovod.engine.errors import InvalidArgumentError
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
+from horovod.engine.naming import JOIN_NAME, group_names, reset_names, tensor_name  # noqa: F401  (the engine API)
 
 _local = threading.local()
 
@@ -42,38 +42,6 @@ def blocking(fn: Callable) -> Callable:
 
 def _attended() -> bool:
     return getattr(_local, "depth", 0) > 0
-
-
-_name_lock = threading.Lock()
-# One counter per process set: ranks outside a set never see its unnamed ops, so a shared counter would drift.
-_noname_counters: Dict[int, "itertools.count[int]"] = {}
-
-
-def reset_names() -> None:
-    """Restart automatic naming (every rank does it at ``init()``, so names keep matching)."""
-    with _name_lock:
-        _noname_counters.clear()
-
-
-def tensor_name(prefix: str, name: Optional[str], process_set: int = 0) -> str:
-    """``<prefix>.<name>``, or ``<prefix>.noname.<n>`` numbered in issue order within ``process_set``.
-
-    Outside the global set the set's id is part of an unnamed op's name (``<prefix>.noname.<n>.set<id>``): the
-    counters of two sets run independently, so their numbers meet, and the coordinator must not take two
-    different sets' n-th unnamed ops for one collective submitted on the wrong set.
-    """
-    if name is None:
-        with _name_lock:
-            counter = _noname_counters.setdefault(process_set, itertools.count())
-            n = next(counter)
-        return f"{prefix}.noname.{n}" if process_set == 0 else f"{prefix}.noname.{n}.set{process_set}"
-    return f"{prefix}.{name}"
-
-
-def group_names(prefix: str, name: Optional[str], count: int, process_set: int = 0) -> Tuple[List[str], str]:
-    """Member names ``<base>_<i>of<n>`` (1-based) and the group's key (its base name)."""
-    base = tensor_name(prefix, name, process_set)
-    return [f"{base}_{i}of{count}" for i in range(1, count + 1)], base
 
 
 def _runtime():
@@ -223,7 +191,7 @@ def join_async() -> Handle:
     """Announce that this rank has no more data; completes when all ranks joined, with the last joiner's rank."""
     runtime = _runtime()
     handle = Handle(1, ["join"], _single)
-    req = Request(rank=runtime.rank, name="join.noname", kind=ops.JOIN, process_set=0)
+    req = Request(rank=runtime.rank, name=JOIN_NAME, kind=ops.JOIN, process_set=0)
     runtime.enqueue([Entry(req, None, None, handle)])
     return handle
 

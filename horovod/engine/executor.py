@@ -102,16 +102,14 @@ class Executor:
             return [None for _ in entries]
         raise ValueError(f"executor cannot run response kind {kind}")
 
-    def _scales(self, resp: Response):
-        post = resp.postscale
-        if resp.op == ops.Average:
-            post = post / len(self.set_ranks[resp.process_set])
-        return resp.prescale, post
+    def _finish(self, buf: np.ndarray, resp: Response) -> None:
+        """Postscale, then Average's division by the set size."""
+        ops.finish_reduction(buf, resp.op, resp.postscale, len(self.set_ranks[resp.process_set]))
 
     # -- reductions -----------------------------------------------------------------------------------
     def _allreduce(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
         transport = self.transport_for(resp.process_set)
-        pre, post = self._scales(resp)
+        pre = resp.prescale
         op = ops.TRANSPORT_OP[resp.op]
         if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16:
             entry = entries[0]
@@ -127,7 +125,7 @@ class Executor:
                     np.copyto(buf, _flat(entry.tensor), casting="no")
                 ops.scale_inplace(buf, pre)
                 transport.allreduce(buf, op)
-            ops.scale_inplace(buf, post)
+            self._finish(buf, resp)
             return [entry.output]
         counts = [prod(s) for s in resp.shapes]
         buf = self.fusion.get(sum(counts), ops.compute_dtype(resp.dtype))
@@ -137,7 +135,7 @@ class Executor:
             offset += n
         ops.scale_inplace(buf, pre)
         transport.allreduce(buf, op)
-        ops.scale_inplace(buf, post)
+        self._finish(buf, resp)
         results: List[object] = []
         offset = 0
         for entry, shape, n in zip(entries, resp.shapes, counts):
@@ -203,7 +201,7 @@ class Executor:
     def _reducescatter(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
         transport = self.transport_for(resp.process_set)
         size, me = transport.size, transport.rank
-        pre, post = self._scales(resp)
+        pre = resp.prescale
         cdt = ops.compute_dtype(resp.dtype)
         splits = [split_rows(shape[0], size) for shape in resp.shapes]
         rows = [_row_elems(shape) for shape in resp.shapes]
@@ -213,7 +211,7 @@ class Executor:
             entry, shape = entries[0], resp.shapes[0]
             out = result_pool.empty((splits[0][me],) + tuple(shape[1:]), dtype=cdt)
             transport.reducescatter(_flat(entry.tensor), _flat(out), counts, ops.TRANSPORT_OP[resp.op])
-            ops.scale_inplace(out, post)
+            self._finish(out, resp)
             entry.output = out
             return [out]
         send = self.fusion.get(sum(counts), cdt)
@@ -234,7 +232,7 @@ class Executor:
         ops.scale_inplace(send, pre)
         recv = result_pool.empty(counts[me], dtype=cdt)
         transport.reducescatter(send, recv, counts, ops.TRANSPORT_OP[resp.op])
-        ops.scale_inplace(recv, post)
+        self._finish(recv, resp)
         results: List[object] = []
         offset = 0
         for entry, shape, sp, r in zip(entries, resp.shapes, splits, rows):

@@ -151,8 +151,7 @@ def reduce_inline(requests: Sequence[Request], data: Sequence[bytes], set_size: 
     if joined:
         # Joined ranks contribute zeros, exactly as the executor stages them on the transport path.
         reduce_into(total, np.zeros_like(total), ops.TRANSPORT_OP[first.op])
-    post = first.postscale / set_size if first.op == ops.Average else first.postscale
-    ops.scale_inplace(total, post)
+    ops.finish_reduction(total, first.op, first.postscale, set_size)
     if first.dtype == ops.BFLOAT16:
         out = np.empty(total.size, dtype=np.uint16)
         ops.f32_to_bf16(total, out)

@@ -68,6 +68,29 @@ def f32_to_bf16(values: np.ndarray, out: np.ndarray) -> None:
     out[...] = rounded
 
 
+def divide_inplace(buf: np.ndarray, divisor: int) -> None:
+    """Divide by ``divisor`` in place, as Average does: a true division (float16 in float32), integers truncated
+    toward zero. A division, not a multiplication by ``1 / divisor``: ``x * (1/3)`` and ``x / 3`` differ in the last
+    bit, and scripts compare averages with ``tensor / size``."""
+    if divisor == 1 or buf.dtype == np.bool_:
+        return
+    if buf.dtype.kind in "iu":
+        quotient = np.divide(buf, divisor, dtype=np.float64)
+        np.trunc(quotient, out=quotient)
+        np.copyto(buf, quotient, casting="unsafe")
+    elif buf.dtype == np.float16:
+        np.divide(buf, np.float32(divisor), out=buf, casting="unsafe")
+    else:
+        np.divide(buf, buf.dtype.type(divisor), out=buf)
+
+
+def finish_reduction(buf: np.ndarray, op: int, postscale: float, set_size: int) -> None:
+    """After the reduction: the postscale factor, then Average's division by the set size."""
+    scale_inplace(buf, postscale)
+    if op == Average:
+        divide_inplace(buf, set_size)
+
+
 def scale_inplace(buf: np.ndarray, factor: float) -> None:
     """Multiply by ``factor`` in place; integer buffers truncate, as the original does."""
     if factor == 1.0:

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.transport.spin import Spinner, default_budget_us
 from horovod.engine.errors import HorovodInternalError, MismatchError, PeerFailureError, ShutdownError
-from horovod.engine import fusion, ops
+from horovod.engine import fusion, naming, ops
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.executor import Executor
@@ -543,6 +543,9 @@ class Runtime:
     def _execute_all(self, responses: List[Response]) -> None:
         for resp in responses:
             pset = self.sets.get(resp.process_set)
+            if resp.kind != ops.JOIN and (0, naming.JOIN_NAME) in self._inflight:
+                # Joined: this rank takes part in what the others run without issuing it (see naming.py).
+                naming.skip_unnamed(resp.names, resp.process_set)
             if resp.kind == ops.ADD_PROCESS_SET:
                 set_id, ranks = resp.payload
                 self._register_set(set_id, ranks)

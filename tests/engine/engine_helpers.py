@@ -162,9 +162,10 @@ def expected_reduce(inputs: List[np.ndarray], op: str, dtype: str, size: int, pr
         return np.logical_and.reduce(xs)
     stack = np.stack(xs)
     if op in (SUM, AVERAGE):
-        s = stack.sum(axis=0)
-        post = postscale / size if op == AVERAGE else postscale
-        return scale(s, post, dtype)
+        s = scale(stack.sum(axis=0), postscale, dtype)
+        if op == AVERAGE:  # a true division by the set size, integers truncated toward zero
+            s = s / size if dtype in FLOATS else np.trunc(s / size).astype(np.int64)
+        return s
     if op == MIN:
         return stack.min(axis=0)
     if op == MAX:
