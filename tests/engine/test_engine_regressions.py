@@ -434,3 +434,46 @@ def test_unnamed_ops_on_disjoint_sets_do_not_collide_with_the_global_set(np_):
         for rnd in range(3):
             assert out[f"set sum {rnd}"] == sum(r + 1.0 for r in members), (rank, out)
             assert out[f"global sum {rnd}"] == float(np_), (rank, out)
+
+
+# ------------------------------------------------------------------------------------- join, then unnamed ops
+def join_then_unnamed_worker() -> dict:
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    out = {"errors": [], "rets": [], "gathered": [], "sums": []}
+    for first in range(size):
+        if rank == first:
+            ret = hvd.join()
+        else:
+            try:
+                hvd.allgather(np.ones((2, 3)))  # unnamed; not supported while a rank has joined
+                out["errors"].append("no error")
+            except RuntimeError as exc:
+                out["errors"].append("HorovodInternalError" if isinstance(exc, hvd.HorovodInternalError)
+                                     else type(exc).__name__)
+            # unnamed allreduce: the joined rank contributes zeros and never issued this op itself
+            out["sums"].append(float(hvd.allreduce(np.ones(4), op=hvd.Sum)[0]))
+            ret = hvd.join()
+        out["rets"].append(ret)
+        # after the join every rank's next unnamed op must carry the same number again
+        out["gathered"].append(hvd.allgather_object(ret))
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_join_then_unnamed_ops_neither_hang_nor_drift(np_):
+    """Was: after a rank joined, the others' unnamed allgather failed (as it should) but the next unnamed op
+    (allgather_object) hung on every rank: the joined rank had not issued the failed or zero-contributed ops, so
+    its per-set counter of unnamed ops lagged behind and the names no longer matched."""
+    results = run(join_then_unnamed_worker, np_, "tcp", timeout=90)
+    for rank, out in enumerate(results):
+        others = [first for first in range(np_) if first != rank]
+        assert out["errors"] == ["HorovodInternalError"] * len(others), out
+        assert out["sums"] == [float(np_ - 1)] * len(others), out
+        for first, ret, gathered in zip(range(np_), out["rets"], out["gathered"]):
+            assert ret != first and gathered == [ret] * np_, out
