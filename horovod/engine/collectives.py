@@ -125,13 +125,10 @@ def broadcast_async(tensors: Sequence[np.ndarray], names: Sequence[str], root_ra
                     outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
                     dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
     """Copy the root's tensors to every rank; ``root_rank`` is a global rank."""
-    runtime = _runtime()
-    pset = runtime.sets.get(process_set)
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < runtime.size:
-        raise InvalidArgumentError(f"broadcast root_rank {root_rank!r} is invalid: expected a global rank in "
-                         f"[0, {runtime.size}).")
-    if pset is not None and root_rank not in pset.ranks:
-        raise InvalidArgumentError(f"broadcast root_rank {root_rank} is not a member of the process set {list(pset.ranks)}.")
+    if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
+        raise InvalidArgumentError(f"broadcast root_rank {root_rank!r} is invalid: expected an integer global rank.")
+    # The root's range and membership are checked by the coordinator, so that a root wrong on one rank only fails
+    # every rank instead of leaving the others waiting.
     return _enqueue(ops.BROADCAST, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes,
                     root=int(root_rank), grouped=grouped, finalize=None if grouped else _single)
 

@@ -51,6 +51,11 @@ class ProcessSetState:
         return len(self.ranks) - len(self.joined)
 
 
+# Kind prefixes of tensor names (see naming.py): one user name under two of them is a mismatch.
+_KIND_PREFIXES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "grouped_allreduce",
+                  "grouped_allgather", "grouped_reducescatter")
+
+
 def _shape_str(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
@@ -174,9 +179,12 @@ class Coordinator:
         self._validated_capacity = max(0, cache_capacity)
         self._ready: List[Response] = []
         self._next_set_id = 1
-        # name -> (error, ranks still expected to submit it): a name used on two process sets at once can never
-        # become ready; every rank that submits it gets the error instead of waiting forever.
-        self._conflicts: Dict[str, Tuple[str, Set[int]]] = {}
+        # name -> (error, ranks still expected to submit it, the names that failed together): a name used on two
+        # process sets at once, or under two kinds, can never become ready; every rank that submits it gets the
+        # error instead of waiting forever.
+        self._conflicts: Dict[str, Tuple[str, Set[int], Tuple[str, ...]]] = {}
+        # (set id, name without its kind prefix) seen pending under two kinds: checked by check_kind_conflicts()
+        self._kind_suspects: Set[Tuple[int, str]] = set()
 
     # -- process sets ---------------------------------------------------------------------------------
     def register_set(self, set_id: int, ranks: Sequence[int]) -> None:
@@ -214,6 +222,9 @@ class Coordinator:
         entry = pset.pending.get(req.name)
         if entry is None:
             entry = pset.pending[req.name] = _Pending(first_seen=now)
+            kind, _, base = req.name.partition(".")
+            if any(f"{other}.{base}" in pset.pending for other in _KIND_PREFIXES if other != kind):
+                self._kind_suspects.add((pset.id, base))
         if req.rank in entry.requests:
             # The enqueue-side check makes this unreachable for well-behaved ranks; say so rather than hang.
             self._ready.append(Response(ERROR, [req.name], pset.id,
@@ -247,13 +258,42 @@ class Coordinator:
             expected = set(other.ranks) | set(self.sets[req.process_set].ranks)
             for rank in other.pending.pop(req.name).requests:
                 expected.discard(rank)
-            self._conflicts[req.name] = (error, expected)
+            self._conflicts[req.name] = (error, expected, (req.name,))
             self._ready.append(Response(ERROR, [req.name], other.id, error=error))
-        error, expected = self._conflicts[req.name]
+        error, expected, names = self._conflicts[req.name]
         expected.discard(req.rank)
         self._ready.append(Response(ERROR, [req.name], req.process_set, error=error))
         if not expected:
-            del self._conflicts[req.name]
+            for name in names:
+                self._conflicts.pop(name, None)
+
+    def check_kind_conflicts(self) -> None:
+        """Fail names that ranks submitted under different kinds (``allreduce('x')`` here, ``allgather('x')``
+        there), which can never become ready.
+
+        Called once all control messages that arrived were recorded, so a rank's burst of asynchronous requests
+        is seen whole: two kinds on one name are a mistake only when no rank submitted both of them. Every rank
+        gets the error, naming which ranks did what; ranks that have not submitted yet get it when they do.
+        """
+        while self._kind_suspects:
+            set_id, base = self._kind_suspects.pop()
+            pset = self.sets.get(set_id)
+            if pset is None:
+                continue
+            names = [f"{kind}.{base}" for kind in _KIND_PREFIXES if f"{kind}.{base}" in pset.pending]
+            submitters = [set(pset.pending[name].requests) for name in names]
+            if len(names) < 2 or any(a & b for i, a in enumerate(submitters) for b in submitters[i + 1:]):
+                continue
+            what = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))} "
+                             f"called {name.partition('.')[0]}" for name, ranks in zip(names, submitters))
+            error = (f"Mismatched operations on tensor name '{base}': {what}. Every rank must call the same "
+                     f"collective for a name; check the code path each rank takes.")
+            expected = set(pset.active).difference(*submitters)
+            for name in names:
+                del pset.pending[name]
+                self._ready.append(Response(ERROR, [name], set_id, error=error))
+                if expected:
+                    self._conflicts[name] = (error, expected, tuple(names))
 
     def _recheck(self, pset: ProcessSetState) -> None:
         for name in list(pset.pending):
@@ -301,6 +341,10 @@ class Coordinator:
     def _build(self, pset: ProcessSetState, name: str, entry: _Pending, ranks: List[int],
                requests: List[Request], joined: Tuple[int, ...]) -> Response:
         first = requests[0]
+        if first.kind == ops.BROADCAST and first.root not in pset.ranks:
+            return Response(ERROR, [name], pset.id,
+                            error=f"broadcast root_rank {first.root} is invalid: every rank passed it, but it is not "
+                                  f"a rank of the process set {list(pset.ranks)} (tensor '{name}').")
         resp = Response(first.kind, [name], pset.id, dtype=first.dtype, op=first.op, root=first.root,
                         prescale=first.prescale, postscale=first.postscale, shapes=[tuple(first.shape)],
                         joined=joined, group=first.group[0] if first.group else None)

@@ -427,6 +427,7 @@ class Runtime:
                     req, data = self.mirror_cache.decode(peer, wire)
                     self.timeline.negotiate(req, now)
                     coord.add(req, now, data)
+        coord.check_kind_conflicts()
         self._inspect_stalls(now)
         ready = coord.take_ready()
         if ready:

@@ -104,6 +104,75 @@ def test_every_mismatch_reaches_every_rank_with_the_documented_message(np_):
     assert not problems, "\n".join(problems)
 
 
+# ------------------------------------------------------------------------------ one-sided mistakes (issue 16)
+KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+
+
+def one_sided_worker() -> dict:
+    import itertools
+    import os
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    hvd.init()
+    size = hvd.size()
+    odd = rank == size - 1
+    x = np.ones((2 * size, 3))
+    calls = {
+        "allreduce": lambda name: hvd.allreduce(x, name=name),
+        "allgather": lambda name: hvd.allgather(x, name=name),
+        "broadcast": lambda name: hvd.broadcast(x, 0, name=name),
+        "alltoall": lambda name: hvd.alltoall(x, name=name),
+        "reducescatter": lambda name: hvd.reducescatter(x, name=name),
+    }
+    out = {}
+
+    def attempt(label, call):
+        start = time.monotonic()
+        try:
+            call()
+            out[label] = ("no error", "", 0.0)
+        except hvd.HorovodInternalError as exc:
+            out[label] = ("HorovodInternalError", str(exc), time.monotonic() - start)
+        except Exception as exc:  # noqa: BLE001 (the wrong type is reported, not raised)
+            out[label] = (type(exc).__name__, str(exc), time.monotonic() - start)
+        hvd.allreduce(np.ones(1), name=f"after.{label}")  # the job goes on
+
+    for mine, theirs in itertools.permutations(KINDS, 2):
+        label = f"{mine}/{theirs}"
+        attempt(label, lambda: calls[theirs if odd else mine](f"k_{mine}_{theirs}"))
+        # the same mistake with unnamed ops: the n-th unnamed op is one collective on every rank
+        attempt(label + "/unnamed", lambda: calls[theirs if odd else mine](None))
+    # a root that is out of range on one rank only, and one that is no member of the set on every rank
+    attempt("root out of range on one rank", lambda: hvd.broadcast(x, size + 3 if odd else 0, name="bad_root"))
+    attempt("root out of range everywhere", lambda: hvd.broadcast(x, size + 3, name="bad_root_all"))
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_one_sided_mistakes_fail_every_rank_naming_who_did_what(np_):
+    results = run(one_sided_worker, np_, "tcp", timeout=120)
+    problems = []
+    for rank, out in enumerate(results):
+        for label, (kind, text, _seconds) in out.items():
+            if kind != "HorovodInternalError":
+                problems.append(f"rank {rank} {label}: {kind}: {text!r}")
+            elif label.startswith("root"):
+                if str(np_ + 3) not in text:
+                    problems.append(f"rank {rank} {label}: the message does not name the root: {text!r}")
+            else:
+                # ranks that had not submitted yet when the coordinator saw the mistake are not named
+                mine, theirs = label.split("/")[:2]
+                if f"rank {np_ - 1} called {theirs}" not in text or f"called {mine}" not in text:
+                    problems.append(f"rank {rank} {label}: the message does not say who did what: {text!r}")
+    assert not problems, "\n".join(problems[:30])
+
+
 # ------------------------------------------------------------------------------------------------ enqueue errors
 def argument_worker() -> dict:
     import os
@@ -140,10 +209,14 @@ def argument_worker() -> dict:
     hvd.allreduce(np.ones(3), name="dup_root")
     hvd.allreduce(np.ones(3), name="dup_rest")
 
-    fails.expect_raises("broadcast root == size", ValueError,
-                        lambda: hvd.broadcast(np.ones(3), root_rank=size, name="bad_root"), ["root"])
-    fails.expect_raises("broadcast negative root", ValueError,
-                        lambda: hvd.broadcast(np.ones(3), root_rank=-1, name="bad_root2"), ["root"])
+    # A root's range is checked by the coordinator (so that a root wrong on one rank only fails every rank):
+    # a HorovodInternalError (a RuntimeError) on every rank, like any negotiated error.
+    fails.expect_raises("broadcast root == size", hvd.HorovodInternalError,
+                        lambda: hvd.broadcast(np.ones(3), root_rank=size, name="bad_root"), ["root_rank"])
+    fails.expect_raises("broadcast negative root", hvd.HorovodInternalError,
+                        lambda: hvd.broadcast(np.ones(3), root_rank=-1, name="bad_root2"), ["root_rank"])
+    fails.expect_raises("broadcast root that is no integer", ValueError,
+                        lambda: hvd.broadcast(np.ones(3), root_rank="0", name="bad_root3"), ["integer"])
     fails.expect_raises("alltoall splits of the wrong length", ValueError,
                         lambda: hvd.alltoall(np.ones(4), splits=[4], name="bs1"), ["splits"])
     fails.expect_raises("alltoall negative split", ValueError,
@@ -176,9 +249,9 @@ def argument_worker() -> dict:
     fails.expect_raises("start_timeline without HOROVOD_TIMELINE", ValueError,
                         lambda: hvd.start_timeline("/nonexistent/timeline.json"), ["HOROVOD_TIMELINE"])
     if rank in low.ranks:
-        fails.expect_raises("broadcast root outside the process set", ValueError,
+        fails.expect_raises("broadcast root outside the process set", hvd.HorovodInternalError,
                             lambda: hvd.broadcast(np.ones(3), root_rank=2, process_set=low, name="rootout"),
-                            ["not a member"])
+                            ["not a rank of the process set"])
     else:
         message = f"Rank {rank} is not a member of the provided process set"
         for label, call in [
