@@ -52,8 +52,8 @@ class ProcessSetState:
 
 
 # Kind prefixes of tensor names (see naming.py): one user name under two of them is a mismatch.
-_KIND_PREFIXES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "grouped_allreduce",
-                  "grouped_allgather", "grouped_reducescatter")
+_KIND_PREFIXES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier",
+                  "grouped_allreduce", "grouped_allgather", "grouped_reducescatter")
 
 
 def _shape_str(shape: Sequence[int]) -> str:

@@ -147,6 +147,8 @@ def one_sided_worker() -> dict:
         attempt(label, lambda: calls[theirs if odd else mine](f"k_{mine}_{theirs}"))
         # the same mistake with unnamed ops: the n-th unnamed op is one collective on every rank
         attempt(label + "/unnamed", lambda: calls[theirs if odd else mine](None))
+    # a rank that left a loop early and went to the barrier while the others still run collectives
+    attempt("allreduce/barrier/unnamed", lambda: hvd.barrier() if odd else calls["allreduce"](None))
     # a root that is out of range on one rank only, and one that is no member of the set on every rank
     attempt("root out of range on one rank", lambda: hvd.broadcast(x, size + 3 if odd else 0, name="bad_root"))
     attempt("root out of range everywhere", lambda: hvd.broadcast(x, size + 3, name="bad_root_all"))
