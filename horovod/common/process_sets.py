@@ -134,6 +134,9 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
         if existing.ranks == process_set.ranks:
             raise ValueError(f"A process set with ranks {process_set.ranks} is already registered "
                              f"(id {existing.process_set_id}).")
+    if not process_set.ranks:
+        raise ValueError("A process set needs at least one rank, got an empty list; pass the global ranks that "
+                         "belong to it, e.g. hvd.add_process_set([0, 1]).")
     bad = [r for r in process_set.ranks if not 0 <= r < basics.size()]
     if bad:
         raise ValueError(f"Process set ranks {bad} are out of range for a job of size {basics.size()}.")

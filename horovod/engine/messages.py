@@ -75,6 +75,8 @@ class Response:
         last_joined: the rank that joined last (JOIN responses).
         payload: extra data (id of a new process set), or the reduced bytes of an inline allreduce.
         group: key of the explicit group the tensors belong to (``HOROVOD_DISABLE_GROUP_FUSION``).
+        error_kind: what went wrong (ERROR): ``mismatch`` (ranks disagreed), ``stall`` (missing ranks past the
+            stall shutdown time) or ``usage`` (a request no rank could have made valid); picks the exception.
     """
 
     kind: int
@@ -93,6 +95,7 @@ class Response:
     last_joined: int = -1
     payload: object = None
     group: Optional[str] = None
+    error_kind: str = "mismatch"
 
 
 ERROR = 8

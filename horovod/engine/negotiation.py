@@ -202,9 +202,10 @@ class Coordinator:
             data = inline_data(req)
         pset = self.sets.get(req.process_set)
         if pset is None:
-            self._ready.append(Response(ERROR, [req.name], req.process_set,
+            self._ready.append(Response(ERROR, [req.name], req.process_set, error_kind="usage",
                                         error=f"Process set {req.process_set} is not registered on the "
-                                              f"coordinator (tensor '{req.name}' from rank {req.rank})."))
+                                              f"coordinator (tensor '{req.name}' from rank {req.rank}); register "
+                                              f"it with hvd.add_process_set() on every rank first."))
             return
         if req.kind == ops.JOIN:
             pset.joined.add(req.rank)
@@ -227,8 +228,9 @@ class Coordinator:
                 self._kind_suspects.add((pset.id, base))
         if req.rank in entry.requests:
             # The enqueue-side check makes this unreachable for well-behaved ranks; say so rather than hang.
-            self._ready.append(Response(ERROR, [req.name], pset.id,
-                                        error=f"Rank {req.rank} submitted '{req.name}' twice before it completed."))
+            self._ready.append(Response(ERROR, [req.name], pset.id, error_kind="usage",
+                                        error=f"Rank {req.rank} submitted '{req.name}' twice before it completed; "
+                                              f"wait for the first (synchronize) or use another name."))
             return
         entry.requests[req.rank] = req
         entry.data[req.rank] = data
@@ -405,5 +407,5 @@ class Coordinator:
         for set_id, name, missing, age in self.stalled(now, older_than):
             pset = self.sets[set_id]
             pset.pending.pop(name, None)
-            self._ready.append(Response(ERROR, [name], set_id,
+            self._ready.append(Response(ERROR, [name], set_id, error_kind="stall",
                                         error=f"{reason}: '{name}' waited {age:.0f} s for ranks {missing}."))

@@ -27,7 +27,8 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from horovod.transport.spin import Spinner, default_budget_us
-from horovod.engine.errors import HorovodInternalError, MismatchError, PeerFailureError, ShutdownError
+from horovod.engine.errors import (HorovodInternalError, InvalidArgumentError, MismatchError, PeerFailureError,
+                                   ShutdownError, StallError)
 from horovod.engine import fusion, naming, ops
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
@@ -43,6 +44,9 @@ from horovod.transport.base import Transport, TransportError
 from horovod.transport.sockets import PeerError
 
 logger = logging.getLogger(__name__)
+
+# The exception an ERROR response raises, by its error_kind (all RuntimeErrors, as the original's op errors were).
+_ERRORS = {"mismatch": MismatchError, "stall": StallError, "usage": InvalidArgumentError}
 
 SHUTDOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an attempt "
                     "to allreduce, allgather or broadcast a tensor after one of the ranks finished execution. If the "
@@ -560,7 +564,7 @@ class Runtime:
                 self._complete(resp, [existed])
                 continue
             if resp.kind == ERROR:
-                self._fail_names(resp, MismatchError(resp.error))
+                self._fail_names(resp, _ERRORS.get(resp.error_kind, MismatchError)(resp.error))
                 continue
             if pset is None or not pset.included(self.rank):
                 continue

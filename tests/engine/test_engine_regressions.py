@@ -406,10 +406,15 @@ def disjoint_unnamed_worker() -> dict:
 
     hvd.init(process_sets="dynamic")
     rank, size = hvd.rank(), hvd.size()
+    out = {}
+    try:
+        hvd.add_process_set([])
+        out["empty set"] = "accepted"
+    except ValueError as exc:
+        out["empty set"] = "at least one rank" in str(exc)
     even = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
     odd = hvd.add_process_set([r for r in range(size) if r % 2 == 1])
     mine = even if rank % 2 == 0 else odd
-    out = {}
     for rnd in range(3):
         if rank == 0:
             time.sleep(0.3)  # the others reach the global barrier below while rank 0 is still in its set's
@@ -430,6 +435,7 @@ def test_unnamed_ops_on_disjoint_sets_do_not_collide_with_the_global_set(np_):
     share numbers (each set counts its own), so the coordinator took them for one op on the wrong set."""
     results = run(disjoint_unnamed_worker, np_, "tcp", timeout=90)
     for rank, out in enumerate(results):
+        assert out["empty set"] is True, out  # hvd.add_process_set([]) is refused with a clear message
         members = [r for r in range(np_) if r % 2 == rank % 2]
         for rnd in range(3):
             assert out[f"set sum {rnd}"] == sum(r + 1.0 for r in members), (rank, out)
