@@ -9,11 +9,13 @@ launcher may signal.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -145,14 +147,35 @@ def starter_for(hostname: str) -> Tuple[str, Starter]:
         f"in this launcher; run on one host with -H localhost:<slots>")
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(launcher_pid: int) -> None:
+    """In the child, between fork and exec: be killed when the launcher dies, however it dies (even SIGKILL)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != launcher_pid:   # the launcher died before the request took effect
+        os._exit(1)
+
+
+def die_with_launcher() -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` tying a child to this process's life (Linux), so a launcher killed with SIGKILL leaves no
+    orphans; ``None`` elsewhere. The child dies when the *thread* that started it ends, so start children from a
+    thread that lives as long as they should (the launcher's main loop)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return functools.partial(_die_with, os.getpid())
+
+
 def start_local(spec: WorkerSpec) -> subprocess.Popen:
-    """Start ``spec`` as a child process in a new session (its own process group).
+    """Start ``spec`` as a child process in a new session (its own process group), tied to the launcher's life.
 
     A separate group lets the launcher signal the worker *and everything it started*; a separate session
     keeps the terminal's Ctrl-C away from the workers so that the launcher alone decides how they stop.
     """
     return subprocess.Popen(spec.command, env=spec.env, cwd=spec.cwd, stdin=spec.stdin, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_launcher())
 
 
 register_starter("local", is_local_host, start_local, priority=0)

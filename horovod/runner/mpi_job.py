@@ -34,7 +34,7 @@ from typing import IO, Callable, Deque, Dict, List, Mapping, Optional, Sequence,
 from horovod.common.util import module_installed
 from horovod.engine import config
 from horovod.runner import mpi_run
-from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerExit, terminate
+from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerExit, die_with_launcher, terminate
 from horovod.runner.hosts import HostInfo, get_host_assignments
 from horovod.runner.job import JobSettings, remote_plan
 from horovod.runner.output import prefix, rank_dir
@@ -343,7 +343,7 @@ def run_mpi_job(settings: JobSettings, parent_env: Mapping[str, str],
         stdin = None if settings.stdin_to_rank0 else subprocess.DEVNULL
         try:
             proc = subprocess.Popen(argv, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_launcher())
         except OSError as exc:
             raise LaunchNotAvailableError(f"--mpi: cannot run {mpirun}: {exc}") from None
         output.attach({"stdout": proc.stdout, "stderr": proc.stderr})

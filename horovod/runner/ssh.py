@@ -31,7 +31,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from horovod.engine import config
 from horovod.runner import network
 from horovod.runner.check_cache import CheckCache, make_key
-from horovod.runner.exec import DEFAULT_GRACE_SECONDS, WorkerSpec, WorkerStartError, register_starter
+from horovod.runner.exec import (DEFAULT_GRACE_SECONDS, WorkerSpec, WorkerStartError, die_with_launcher,
+                                 register_starter)
 from horovod.runner.hosts import is_local_host
 
 logger = logging.getLogger(__name__)
@@ -226,8 +227,9 @@ def start_ssh(spec: WorkerSpec) -> subprocess.Popen:
     argv = settings.argv(spec.hostname) + [remote_command(spec.cwd or os.getcwd(), remote_env(spec.env),
                                                           spec.command)]
     try:
+        # ssh dies with the launcher; the remote wrapper sees its stdin close and stops the worker.
         proc = subprocess.Popen(argv, env=_launcher_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_launcher())
     except FileNotFoundError:
         raise WorkerStartError(f"cannot start rank {spec.rank} on {spec.hostname}: the ssh client ('ssh') is not "
                                f"installed or not on PATH", exit_code=127) from None

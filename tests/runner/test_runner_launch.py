@@ -242,6 +242,26 @@ def test_signal_stops_every_worker(script, tmp_path, sig):
     assert _wait_dead(_pids(tmp_path, 2)) == []
 
 
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="the parent-death signal is Linux's")
+def test_kill_9_of_the_launcher_takes_the_workers_down(script, tmp_path):
+    """A launcher killed with SIGKILL runs no cleanup: the workers must go by themselves (parent-death signal)."""
+    path = script(PIDS_WORKER)
+    proc = subprocess.Popen(launcher_argv(["-np", "2", "python", path, str(tmp_path)]), env=child_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_files([tmp_path / "pids.0", tmp_path / "pids.1"])
+        proc.kill()
+        proc.wait(timeout=CALL_TIMEOUT_S)
+        workers = [int((tmp_path / f"pids.{r}").read_text().split()[0]) for r in range(2)]
+        assert _wait_dead(workers, timeout=2.0) == [], "workers outlived the launcher's SIGKILL by 2 s"
+    finally:
+        for pid in _pids(tmp_path, 2) if (tmp_path / "pids.1").exists() else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_success_exit_code_zero_and_nonzero_code_is_one(hvdrun):
     assert hvdrun(["-np", "2", "true"]).returncode == 0
     result = hvdrun(["-np", "2", "sh", "-c", 'exit $((HOROVOD_RANK * 4))'])
