@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import queue
 import secrets
 import select
 import socket
@@ -15,13 +16,17 @@ import struct
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from horovod.engine.messages import ControlMessage
 from horovod.transport import sockets
 from horovod.transport.sockets import PeerError
 
 logger = logging.getLogger(__name__)
+
+
+#: Connections authenticated at once while the control plane forms; more are refused until one finishes.
+_MAX_HANDSHAKES = 64
 
 
 class ControlPlane:
@@ -78,38 +83,78 @@ class ControlPlane:
     @staticmethod
     def _accept_all(size: int, listeners: List[socket.socket], secret: bytes, timeout: float,
                     where: str) -> Dict[int, socket.socket]:
-        """Accept and authenticate one connection from every other rank."""
+        """Accept and authenticate one connection from every other rank.
+
+        Each connection is authenticated in a thread of its own (at most :data:`_MAX_HANDSHAKES` at once), so a
+        stranger that connects and stays silent cannot hold up the real ranks behind it.
+        """
         peers: Dict[int, socket.socket] = {}
+        done: "queue.Queue[Tuple[socket.socket, str, Optional[int], Optional[BaseException]]]" = queue.Queue()
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        in_flight = 0
         deadline = time.monotonic() + timeout
-        while len(peers) < size - 1:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = sorted(set(range(1, size)) - set(peers))
-                for s in peers.values():
-                    s.close()
-                raise TimeoutError(
-                    f"coordinator waited {timeout:.0f} s for ranks {missing} to connect; they did not start, "
-                    f"crashed before hvd.init(), or cannot reach {where}")
-            readable, _, _ = select.select(listeners, [], [], remaining)
-            for listener in readable:
-                try:
-                    conn, addr = listener.accept()
-                except (BlockingIOError, socket.timeout):
-                    continue
-                who = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "a local process"
-                sockets.configure(conn)
-                try:
-                    hello = sockets.authenticate(conn, secret, initiator=False, timeout=min(remaining, 10.0),
-                                                 peer=who)
-                    peer_rank = int(hello.decode())
-                    if not 0 < peer_rank < size or peer_rank in peers:
-                        raise PeerError(f"unexpected rank {peer_rank} from {who}")
-                except (PeerError, ValueError) as exc:
-                    logger.warning("control plane: dropped connection from %s: %s", who, exc)
-                    conn.close()
-                    continue
-                conn.settimeout(None)
-                peers[peer_rank] = conn
+
+        def handshake(conn: socket.socket, who: str, limit: float) -> None:
+            try:
+                hello = sockets.authenticate(conn, secret, initiator=False, timeout=limit, peer=who)
+                done.put((conn, who, int(hello.decode()), None))
+            except (PeerError, ValueError, OSError) as exc:
+                done.put((conn, who, None, exc))
+            try:
+                wake_w.send(b"\0")
+            except OSError:
+                pass   # the coordinator finished (or gave up) meanwhile
+
+        try:
+            while len(peers) < size - 1:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(set(range(1, size)) - set(peers))
+                    for s in peers.values():
+                        s.close()
+                    raise TimeoutError(
+                        f"coordinator waited {timeout:.0f} s for ranks {missing} to connect; they did not start, "
+                        f"crashed before hvd.init(), or cannot reach {where}")
+                readable, _, _ = select.select(listeners + [wake_r], [], [], remaining)
+                for listener in readable:
+                    if listener is wake_r:
+                        try:
+                            wake_r.recv(4096)
+                        except BlockingIOError:
+                            pass
+                        continue
+                    try:
+                        conn, addr = listener.accept()
+                    except (BlockingIOError, socket.timeout):
+                        continue
+                    who = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "a local process"
+                    if in_flight >= _MAX_HANDSHAKES:
+                        logger.warning("control plane: dropped connection from %s: %d handshakes already pending",
+                                       who, in_flight)
+                        conn.close()
+                        continue
+                    sockets.configure(conn)
+                    in_flight += 1
+                    threading.Thread(target=handshake, args=(conn, who, min(remaining, 10.0)),
+                                     name="hvd-control-handshake", daemon=True).start()
+                while True:
+                    try:
+                        conn, who, peer_rank, error = done.get_nowait()
+                    except queue.Empty:
+                        break
+                    in_flight -= 1
+                    if error is None and not (0 < peer_rank < size and peer_rank not in peers):
+                        error = PeerError(f"unexpected rank {peer_rank} from {who}")
+                    if error is not None:
+                        logger.warning("control plane: dropped connection from %s: %s", who, error)
+                        conn.close()
+                        continue
+                    conn.settimeout(None)
+                    peers[peer_rank] = conn
+        finally:
+            wake_r.close()
+            wake_w.close()
         return peers
 
     # -- messaging ------------------------------------------------------------------------------------

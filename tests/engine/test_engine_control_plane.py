@@ -44,6 +44,33 @@ def test_a_local_stranger_is_dropped_and_the_rank_with_the_secret_admitted():
         s.close()
 
 
+def test_silent_connections_do_not_hold_up_the_ranks():
+    """Handshakes run side by side: 8 strangers that connect and say nothing (4 over TCP, 4 over the Unix socket)
+    must not make the real ranks wait for their 10 s handshake windows one after another (80 s serially)."""
+    local = controller._listen_local()
+    tcp = sockets.listen("127.0.0.1")
+    result = {}
+
+    def accept():
+        result["peers"] = controller.ControlPlane._accept_all(3, [tcp, local], b"job-secret", 60.0, "here")
+
+    silent = [_connect(local) for _ in range(4)] + [socket.create_connection(tcp.getsockname()) for _ in range(4)]
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    ranks = []
+    for rank, listener in ((1, local), (2, tcp)):
+        conn = _connect(listener) if listener is local else socket.create_connection(tcp.getsockname())
+        sockets.authenticate(conn, b"job-secret", initiator=True, hello=str(rank).encode(), timeout=10.0)
+        ranks.append(conn)
+    thread.join(8.0)   # well inside the strangers' 10 s windows: nobody waited for them
+    try:
+        assert not thread.is_alive(), "the coordinator waited for silent connections before admitting the ranks"
+        assert set(result["peers"]) == {1, 2}
+    finally:
+        for s in (*silent, *ranks, *result.get("peers", {}).values(), local, tcp):
+            s.close()
+
+
 def families_worker() -> list:
     import horovod.numpy as hvd
     from horovod.common import basics
