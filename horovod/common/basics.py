@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import logging
+import os
 import threading
 from typing import Dict, Optional, Sequence, Union
 
@@ -124,6 +125,15 @@ def shutdown() -> None:
 
 def is_initialized() -> bool:
     return _runtime is not None
+
+
+def _new_lock_in_forked_child() -> None:
+    # Another thread of the parent may have held the lock at the fork; in the child it would never be released.
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_forked_child)
 
 
 def runtime():

@@ -118,3 +118,49 @@ def test_threads_and_thousands_of_inflight_ops(transport):
     if reason:
         pytest.skip(reason)
     assert_no_failures(run(concurrency_worker, 3, transport, timeout=120))
+
+
+# --------------------------------------------------------------------------------------- fork after init
+def fork_after_init_worker() -> dict:
+    import multiprocessing as mp
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    out = {"before": hvd.allreduce(np.ones(3), op=hvd.Sum, name="before").tolist()}
+    if rank == 0:
+        def child(conn):
+            report = {"rank": hvd.rank(), "size": hvd.size()}   # queries still answer
+            for label, call in (("allreduce", lambda: hvd.allreduce(np.ones(3), name="from_child")),
+                                ("big allreduce", lambda: hvd.allreduce(np.ones(1 << 18), name="big_child")),
+                                ("barrier", hvd.barrier)):
+                try:
+                    call()
+                    report[label] = "no error"
+                except hvd.HorovodInternalError as exc:
+                    report[label] = "forked" in str(exc) and "hvd.init()" in str(exc)
+                except Exception as exc:  # noqa: BLE001 (the wrong type is reported)
+                    report[label] = f"{type(exc).__name__}: {exc}"
+            conn.send(report)
+
+        parent_end, child_end = mp.Pipe()
+        proc = mp.get_context("fork").Process(target=child, args=(child_end,))
+        proc.start()
+        out["child"] = parent_end.recv() if parent_end.poll(60) else "no report"
+        proc.join(30)
+    # the parent's job goes on unaffected, small and large collectives alike
+    out["after"] = [hvd.allreduce(np.full(n, rank + 1.0), op=hvd.Sum, name=f"after{n}")[0] for n in (3, 1 << 18)]
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_child_forked_after_init_gets_a_clear_error_and_the_parent_is_unaffected(transport):
+    results = run(fork_after_init_worker, 2, transport, timeout=90)
+    child = results[0]["child"]
+    assert child == {"rank": 0, "size": 2, "allreduce": True, "big allreduce": True, "barrier": True}, child
+    for out in results:
+        assert out["before"] == [2.0] * 3 and out["after"] == [3.0, 3.0], out
