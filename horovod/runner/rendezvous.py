@@ -1,116 +1,81 @@
 """Authenticated key-value store the launcher serves and the workers use to find each other.
 
-A plain HTTP server on the driver: ``PUT /<scope>/<key>`` stores bytes, ``GET`` returns them (404 when
-absent), ``DELETE`` removes them.  Every request carries ``X-Horovod-Auth``, an HMAC of the job secret over
-method, path, a timestamp and the body, so a process without the secret can neither read nor write.  Values
-are opaque bytes: the server never unpickles anything.
+``PUT /<scope>/<key>`` stores bytes, ``GET`` returns them (404 when absent), ``DELETE`` removes them, over plain
+HTTP/1.1 with keep-alive. Values are opaque bytes: the server never unpickles anything.
+
+Every request is signed: ``X-Horovod-Auth`` is an HMAC of the job secret over the method, the path, a timestamp, a
+random nonce, the body's length and its SHA-256 (sent in ``X-Horovod-Body``). The server is built to be cheap to
+attack and hard to fool, because on a multi-host job it listens on the job's network:
+
+* it checks the signature from the headers alone, *before* reading any body, and refuses bodies over
+  :data:`MAX_BODY_BYTES`; the body must then match the signed hash;
+* a nonce is accepted once within the timestamp window, so a captured request cannot be replayed;
+* it runs on one asyncio event loop: an idle connection costs a few kilobytes, not a thread; a connection must
+  send its first request within :data:`HEADER_TIMEOUT_S` and may idle :data:`IDLE_TIMEOUT_S` between requests; at
+  :data:`MAX_CONNECTIONS` the oldest connection that has not yet made a signed request is dropped, never a
+  worker's;
+* refusals are logged once, then summarised at most every :data:`LOG_EVERY_S` seconds.
 """
 from __future__ import annotations
 
+import asyncio
+import collections
 import hashlib
 import hmac
 import http.client
 import logging
+import secrets as _secrets
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
 _AUTH = "X-Horovod-Auth"
 _STAMP = "X-Horovod-Time"
+_NONCE = "X-Horovod-Nonce"
+_BODY = "X-Horovod-Body"
 _MAX_SKEW_S = 300.0
+#: Largest value a signed request may store (results of ``horovod.run`` travel through the store).
+MAX_BODY_BYTES = 512 << 20
+#: Request line and headers, at most.
+MAX_HEADER_BYTES = 16 << 10
+#: Seconds a new connection has to send its first request's headers.
+HEADER_TIMEOUT_S = 5.0
+#: Seconds a connection may idle between requests (workers keep theirs open), and to send a body.
+IDLE_TIMEOUT_S = 60.0
+#: Open connections at most; beyond it the oldest one that has not made a signed request goes.
+MAX_CONNECTIONS = 4096
+LOG_EVERY_S = 10.0
+
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 413: "Payload Too Large"}
 
 
-def _sign(secret: bytes, method: str, path: str, stamp: str, body: bytes) -> str:
-    msg = b"\n".join([method.encode(), path.encode(), stamp.encode(), hashlib.sha256(body).digest()])
+def _sign(secret: bytes, method: str, path: str, stamp: str, nonce: str, length: int, body_hash: str) -> str:
+    msg = "\n".join([method, path, stamp, nonce, str(length), body_hash]).encode()
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
-    protocol_version = "HTTP/1.1"
+class _Refusals:
+    """Logs the first refusal, then one summary per :data:`LOG_EVERY_S` (a flood must not flood the log)."""
 
-    def setup(self):
-        super().setup()
-        # Headers and body leave in separate writes: without NODELAY each request waits on delayed ACKs.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self) -> None:
+        self.count = 0
+        self._since_log = 0
+        self._last_log = 0.0
 
-    def log_message(self, fmt, *args):  # requests are operator noise, not user output
-        logger.debug("rendezvous %s: " + fmt, self.address_string(), *args)
-
-    def _authorised(self, body: bytes) -> bool:
-        stamp = self.headers.get(_STAMP, "")
-        given = self.headers.get(_AUTH, "")
-        try:
-            fresh = abs(time.time() - float(stamp)) < _MAX_SKEW_S
-        except ValueError:
-            fresh = False
-        expected = _sign(self.server.secret, self.command, self.path, stamp, body)
-        if fresh and hmac.compare_digest(expected, given):
-            return True
-        logger.warning("rendezvous: rejected unauthenticated %s %s from %s", self.command, self.path,
-                       self.client_address[0])
-        self._reply(403, b"forbidden: request not signed with this job's secret")
-        return False
-
-    def _reply(self, code: int, body: bytes = b"") -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _key(self) -> Optional[Tuple[str, str]]:
-        parts = self.path.lstrip("/").split("/", 1)
-        if len(parts) != 2 or not parts[0] or not parts[1]:
-            self._reply(400, b"path must be /<scope>/<key>")
-            return None
-        return parts[0], parts[1]
-
-    def do_GET(self):  # noqa: N802 (http.server naming)
-        if not self._authorised(b""):
-            return
-        key = self._key()
-        if key is None:
-            return
-        value = self.server.store.get(key)
-        if value is None:
-            self._reply(404)
+    def note(self, what: str, peer: str) -> None:
+        self.count += 1
+        self._since_log += 1
+        now = time.monotonic()
+        if self.count == 1 or now - self._last_log >= LOG_EVERY_S:
+            logger.warning("rendezvous: refused %d request(s)%s; latest: %s from %s",
+                           self._since_log, "" if self.count == 1 else f" in the last {LOG_EVERY_S:.0f} s", what,
+                           peer)
+            self._since_log, self._last_log = 0, now
         else:
-            self._reply(200, value)
-
-    def do_PUT(self):  # noqa: N802
-        length = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(length) if length else b""
-        if not self._authorised(body):
-            return
-        key = self._key()
-        if key is None:
-            return
-        self.server.store.put(key, body)
-        self._reply(200)
-
-    def do_DELETE(self):  # noqa: N802
-        if not self._authorised(b""):
-            return
-        key = self._key()
-        if key is None:
-            return
-        self.server.store.delete(key)
-        self._reply(200)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    secret: bytes
-    store: "MemoryStore"
-
-    def handle_error(self, request, client_address):
-        # A worker killed mid-request resets its connection: routine in elastic jobs, not worth a traceback.
-        logger.debug("rendezvous: request from %s failed", client_address, exc_info=True)
+            logger.debug("rendezvous: refused %s from %s", what, peer)
 
 
 class MemoryStore:
@@ -144,7 +109,7 @@ class MemoryStore:
 
 
 class RendezvousServer:
-    """The driver's key-value store.
+    """The driver's key-value store (see the module docstring for how it defends itself).
 
     Args:
         secret: the job secret every request must be signed with.
@@ -153,26 +118,155 @@ class RendezvousServer:
 
     def __init__(self, secret: bytes, host: str = "127.0.0.1"):
         self.store = MemoryStore()
-        self._httpd = _Server((host, 0), _Handler)
-        self._httpd.secret = secret
-        self._httpd.store = self.store
+        self.secret = secret
         self.host = host
-        self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hvd-rendezvous", daemon=True)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.create_server((host, 0), family=family, backlog=1024)
+        self.port = self._sock.getsockname()[1]
+        self.refusals = _Refusals()
+        self._nonces: Dict[str, float] = {}
+        self._unproven: "collections.OrderedDict[asyncio.StreamWriter, None]" = collections.OrderedDict()
+        self._open = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="hvd-rendezvous", daemon=True)
 
+    # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> "RendezvousServer":
         self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the rendezvous server did not start within 30 s")
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self._sock.close()
 
     def __enter__(self) -> "RendezvousServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._connection, sock=self._sock, limit=MAX_HEADER_BYTES))
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+            self._loop.run_until_complete(asyncio.sleep(0))
+            self._loop.close()
+
+    # -- one connection -------------------------------------------------------------------------------
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = str((writer.get_extra_info("peername") or ("?",))[0])
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._open += 1
+        self._unproven[writer] = None
+        if self._open > MAX_CONNECTIONS:
+            oldest = next(iter(self._unproven))
+            self._unproven.pop(oldest)
+            oldest.close()
+            self.refusals.note("a connection (too many open; dropped the oldest unauthenticated one)", peer)
+        try:
+            timeout = HEADER_TIMEOUT_S
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+                except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                        ConnectionError):
+                    return
+                if not await self._request(head, reader, writer, peer):
+                    return
+                self._unproven.pop(writer, None)
+                timeout = IDLE_TIMEOUT_S
+        finally:
+            self._open -= 1
+            self._unproven.pop(writer, None)
+            writer.close()
+
+    async def _request(self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       peer: str) -> bool:
+        """Serve one request; False when the connection must be closed."""
+        try:
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _version = lines[0].split(" ", 2)
+            headers = {}
+            for line in lines[1:]:
+                if line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0"))
+        except ValueError:
+            self.refusals.note("a malformed request", peer)
+            await self._reply(writer, 400, b"malformed request")
+            return False
+        if not self._signed(method, path, headers, length):
+            self.refusals.note(f"an unauthenticated {method} {path[:64]}", peer)
+            await self._reply(writer, 403, b"forbidden: request not signed with this job's secret")
+            return False
+        if length > MAX_BODY_BYTES:
+            await self._reply(writer, 413, f"a value may hold at most {MAX_BODY_BYTES} bytes".encode())
+            return False
+        try:
+            body = await asyncio.wait_for(reader.readexactly(length), IDLE_TIMEOUT_S) if length else b""
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            return False
+        if hashlib.sha256(body).hexdigest() != headers.get(_BODY.lower()):
+            self.refusals.note("a body that does not match its signed hash", peer)
+            await self._reply(writer, 400, b"body does not match its signed hash")
+            return False
+        parts = path.lstrip("/").split("/", 1)
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            await self._reply(writer, 400, b"path must be /<scope>/<key>")
+            return True
+        key = (parts[0], parts[1])
+        if method == "GET":
+            value = self.store.get(key)
+            await self._reply(writer, 404 if value is None else 200, value or b"")
+        elif method == "PUT":
+            self.store.put(key, body)
+            await self._reply(writer, 200)
+        elif method == "DELETE":
+            self.store.delete(key)
+            await self._reply(writer, 200)
+        else:
+            await self._reply(writer, 400, b"method must be GET, PUT or DELETE")
+        return True
+
+    def _signed(self, method: str, path: str, headers: Dict[str, str], length: int) -> bool:
+        stamp, nonce = headers.get(_STAMP.lower(), ""), headers.get(_NONCE.lower(), "")
+        try:
+            sent = float(stamp)
+        except ValueError:
+            return False
+        now = time.time()
+        if abs(now - sent) >= _MAX_SKEW_S or not nonce or nonce in self._nonces:
+            return False
+        expected = _sign(self.secret, method, path, stamp, nonce, length, headers.get(_BODY.lower(), ""))
+        if not hmac.compare_digest(expected, headers.get(_AUTH.lower(), "")):
+            return False
+        self._nonces[nonce] = sent
+        if len(self._nonces) > 50_000:   # forget nonces whose timestamps can no longer pass the window
+            self._nonces = {n: t for n, t in self._nonces.items() if abs(now - t) < _MAX_SKEW_S}
+        return True
+
+    @staticmethod
+    async def _reply(writer: asyncio.StreamWriter, code: int, body: bytes = b"") -> None:
+        writer.write(f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
 
 
 class RendezvousClient:
@@ -199,11 +293,12 @@ class RendezvousClient:
 
     def _request(self, method: str, scope: str, key: str, body: bytes = b"") -> Tuple[int, bytes]:
         path = f"/{scope}/{key}"
-        stamp = repr(time.time())
-        headers = {_STAMP: stamp, _AUTH: _sign(self.secret, method, path, stamp, body),
-                   "Content-Length": str(len(body))}
+        body_hash = hashlib.sha256(body).hexdigest()
         last_exc: Optional[Exception] = None
         for _ in range(3):
+            stamp, nonce = repr(time.time()), _secrets.token_hex(16)   # a fresh nonce per attempt
+            headers = {_STAMP: stamp, _NONCE: nonce, _BODY: body_hash, "Content-Length": str(len(body)),
+                       _AUTH: _sign(self.secret, method, path, stamp, nonce, len(body), body_hash)}
             try:
                 conn = self._conn()
                 conn.request(method, path, body=body, headers=headers)
