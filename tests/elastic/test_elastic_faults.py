@@ -25,16 +25,33 @@ def joined(size: int, epoch_at_least: int = 1):
     return check
 
 
-def test_worker_killed_mid_epoch(elastic_job):
+def test_worker_killed_mid_epoch_is_replaced_on_its_host(elastic_job):
     job = elastic_job([f"{H1}:2", f"{H2}:2"], ["-np", "4", "--min-np", "2"])
     job.wait_for_commits(5, size=4)
     job.kill(f"{H2}:1")                      # kill -9: no goodbye, the peers find out mid-collective
-    job.wait_for("the job continues on the other host", joined(2))
-    job.wait_for_commits(3, size=2, min_epoch=1)
+    job.wait_for("the job continues at full size", joined(4, epoch_at_least=1))
+    job.wait_for_commits(3, size=4, min_epoch=1)
     assert job.finish() == 0, job.diagnose()
-    eps = check_training(job.events(), sizes=[4, 2], resets=1)
-    assert set(eps[-1].ranks) == {f"{H1}:0", f"{H1}:1"}   # the whole failed host is out (no cooldown range)
-    assert "exited with -9 (killed by SIGKILL); blacklisting host 127.0.0.1" in job.stderr()
+    check_training(job.events(), sizes=[4, 4], resets=1)
+    # its host still runs a healthy worker: one failure replaces the process instead of blacklisting the host
+    assert "starting a new worker in its slot on 127.0.0.1 (failure 1 of 3" in job.stderr()
+    starts = [e["id"] for e in job.events("start")]
+    assert starts.count(f"{H2}:1") == 2 and starts.count(f"{H2}:0") == 1, starts
+
+
+def test_single_host_job_survives_a_killed_worker(elastic_job):
+    """Every slot on one host: the crashed worker is replaced there, the others keep running (and their state),
+    and training resumes from the last commit at full size."""
+    job = elastic_job([f"{H1}:3"], ["-np", "3", "--min-np", "1"])
+    job.wait_for_commits(5, size=3)
+    job.kill(f"{H1}:1")
+    job.wait_for("the job continues at full size", joined(3, epoch_at_least=1))
+    job.wait_for_commits(3, size=3, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    check_training(job.events(), sizes=[3, 3], resets=1)
+    starts = [e["id"] for e in job.events("start")]
+    assert sorted(starts) == sorted([f"{H1}:0", f"{H1}:1", f"{H1}:1", f"{H1}:2"]), starts
+    assert "blacklisting host" not in job.stderr()
 
 
 def test_worker_raising_an_exception(elastic_job):

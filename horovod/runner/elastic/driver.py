@@ -59,6 +59,9 @@ _TICK = 0.2
 
 #: Workers wait this much longer than the driver for an epoch, so that a driver timeout is what the user sees.
 WORKER_TIMEOUT_MARGIN = 60
+#: Worker failures a host may have before it is blacklisted while it still runs healthy workers (a host whose
+#: workers have all failed is blacklisted at once).
+HOST_FAILURES_BEFORE_BLACKLIST = 3
 
 Command = Union[Sequence[str], Callable[[str, int], Sequence[str]]]
 
@@ -189,6 +192,7 @@ class ElasticDriver:
         self._short_since: Optional[float] = None
         self._finishing = False
         self._failures: List[WorkerExit] = []
+        self._host_failures: Dict[str, int] = {}   # since the host was last blacklisted
         self._late_failures: List[WorkerExit] = []   # failures after a worker had finished
         self._store: Optional[MemoryStore] = None
         self._sink: Optional[OutputSink] = None
@@ -427,11 +431,22 @@ class ElasticDriver:
         self._failures.append(failure)
         if self._finishing:
             self._late_failures.append(failure)
-        cooldown = self.blacklist.blacklist(worker.host)
-        how = "for good" if cooldown is None else f"for {cooldown:.1f} s"
         where = (f"rank {self._members.index(wid)} of epoch {self._epoch}" if wid in self._members and
                  worker.last_epoch == self._epoch else "not in an epoch yet" if worker.last_epoch < 0 else
                  f"last in epoch {worker.last_epoch}")
+        failures = self._host_failures[worker.host] = self._host_failures.get(worker.host, 0) + 1
+        healthy = [o for o in self._workers.values()
+                   if o.host == worker.host and o is not worker and o.running and o.proc.poll() is None]
+        if healthy and failures < HOST_FAILURES_BEFORE_BLACKLIST:
+            # One process failed on a host that still runs others: replace it there; the survivors keep their
+            # state and the job resumes from the last commit with the same size.
+            logger.warning("worker %s (%s) exited with %s; starting a new worker in its slot on %s (failure %d of "
+                           "%d before the host is blacklisted)", wid, where, _describe_code(code), worker.host,
+                           failures, HOST_FAILURES_BEFORE_BLACKLIST)
+            return
+        self._host_failures.pop(worker.host, None)
+        cooldown = self.blacklist.blacklist(worker.host)
+        how = "for good" if cooldown is None else f"for {cooldown:.1f} s"
         logger.warning("worker %s (%s) exited with %s; blacklisting host %s %s", wid, where,
                        _describe_code(code), worker.host, how)
         for other in self._workers.values():
