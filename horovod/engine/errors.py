@@ -5,6 +5,8 @@ name (the original's import path).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 
 class HorovodInternalError(RuntimeError):
     """A collective failed on this or another rank (peer died, mismatch, shutdown).
@@ -42,7 +44,15 @@ class ShutdownError(HorovodInternalError):
 
 
 class PeerFailureError(HorovodInternalError):
-    """A peer process died, closed its connection or timed out during a collective."""
+    """A peer process died, closed its connection or timed out during a collective.
+
+    Attributes:
+        culprit: the global rank that failed, when this rank saw it directly (None when relayed or unknown).
+    """
+
+    def __init__(self, message: str = "", culprit: Optional[int] = None):
+        super().__init__(message)
+        self.culprit = culprit
 
 
 class StallError(HorovodInternalError):

@@ -45,6 +45,9 @@ from horovod.transport.sockets import PeerError
 
 logger = logging.getLogger(__name__)
 
+#: Rendezvous scope where a rank that saw another fail names it (read by the launcher's failure message).
+CULPRIT_SCOPE = "culprits"
+
 # The exception an ERROR response raises, by its error_kind (all RuntimeErrors, as the original's op errors were).
 _ERRORS = {"mismatch": MismatchError, "stall": StallError, "usage": InvalidArgumentError}
 
@@ -378,7 +381,9 @@ class Runtime:
         try:
             return self._step(timeout, spin)
         except (PeerError, TransportError, OSError) as exc:
-            self._die(PeerFailureError(self._describe_failure(exc)), notify=True)
+            peer = getattr(exc, "peer", None)
+            culprit = peer if isinstance(peer, int) and not isinstance(peer, bool) else None
+            self._die(PeerFailureError(self._describe_failure(exc), culprit=culprit), notify=True)
         except BaseException as exc:  # a bug must fail the handles loudly, not hang them
             logger.exception("horovod progress engine crashed")
             self._die(HorovodInternalError(f"Horovod background thread crashed: {exc!r}"), notify=True)
@@ -426,7 +431,7 @@ class Runtime:
             self._die(PeerFailureError(
                 f"rank {peer} has not been heard from for {quiet:.0f} s (its process is frozen, its host is "
                 f"unreachable, or it is overloaded; HOROVOD_GLOO_TIMEOUT_SECONDS="
-                f"{self.config.gloo_timeout_seconds}). {SHUTDOWN_MESSAGE}"), notify=True)
+                f"{self.config.gloo_timeout_seconds}). {SHUTDOWN_MESSAGE}", culprit=peer), notify=True)
             return False
         return True
 
@@ -541,7 +546,7 @@ class Runtime:
             relay = self.coordinator is not None
             who = f"rank {peer}" if relay else "the coordinator (rank 0)"
             self._die(PeerFailureError(f"{who} closed its control connection (the process exited or crashed): "
-                                       f"{exc}. {SHUTDOWN_MESSAGE}"), notify=relay)
+                                       f"{exc}. {SHUTDOWN_MESSAGE}", culprit=peer), notify=relay)
             return None
         for i, msg in enumerate(messages):
             if msg.shutdown:
@@ -635,8 +640,11 @@ class Runtime:
 
     def _die(self, error: BaseException, notify: bool) -> None:
         with self._lock:
-            if self._dead is None:
+            first = self._dead is None
+            if first:
                 self._dead = error
+        if first and isinstance(error, PeerFailureError) and error.culprit is not None:
+            self._report_culprit(error)
         if notify:
             failure = isinstance(error, PeerFailureError)
             message = ControlMessage(shutdown=True, failure=failure, reason=str(error))
@@ -649,6 +657,24 @@ class Runtime:
                     pass
         self._fail_pending(error)
         self._close_all()
+
+    def _report_culprit(self, error: PeerFailureError) -> None:
+        """Tell the launcher which rank this one saw fail: it may be frozen rather than exited, and the rank that
+        exits first is then only a witness (best effort, at most a second)."""
+        store = self.store
+        if store is None or not hasattr(store, "put"):
+            return
+        record = f"{error.culprit}|{str(error).split(SHUTDOWN_MESSAGE)[0].strip()}".encode()
+
+        def report() -> None:
+            try:
+                store.put(CULPRIT_SCOPE, str(self.rank), record)
+            except (OSError, ValueError):
+                pass   # the launcher is gone or unreachable: the workers' own messages still say it
+
+        thread = threading.Thread(target=report, name="horovod-report-culprit", daemon=True)
+        thread.start()
+        thread.join(1.0)
 
     def _fail_pending(self, error: BaseException) -> None:
         with self._lock:

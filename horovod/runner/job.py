@@ -17,6 +17,7 @@ from horovod.runner.check_cache import CheckCache
 from horovod.runner.exec import DEFAULT_GRACE_SECONDS, WorkerExit, WorkerSpec, run_workers
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.output import OutputSink
+from horovod.engine.runtime import CULPRIT_SCOPE
 from horovod.runner.rendezvous import MemoryStore, RendezvousServer
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,24 @@ def _ssh_hint(first: WorkerExit) -> str:
     return ""
 
 
+def culprit_text(first: WorkerExit, store: MemoryStore) -> str:
+    """What the ranks that saw another rank fail reported, when that rank is not the one that exited first.
+
+    A frozen or unreachable rank never exits: the first rank to exit is then a witness, not the cause.
+    """
+    reports = []
+    for reporter, raw in sorted(store.scope(CULPRIT_SCOPE).items(), key=lambda kv: int(kv[0])):
+        culprit, _, message = raw.decode(errors="replace").partition("|")
+        reports.append((int(culprit), int(reporter), message))
+    if not reports or all(culprit == first.rank for culprit, _, _ in reports):
+        return ""
+    culprits = sorted({culprit for culprit, _, _ in reports})
+    lines = [f"Cause: rank{'s' if len(culprits) > 1 else ''} {', '.join(map(str, culprits))} failed first, as seen "
+             f"by the other ranks (rank {first.rank} only exited first):"]
+    lines += [f"  rank {reporter}: {message}" for _, reporter, message in reports]
+    return "\n".join(lines)
+
+
 def job_env(parent_env: Mapping[str, str], settings: JobSettings, addr: str, port: int, secret: bytes) -> Dict[str, str]:
     """The environment shared by every worker of the job (per-slot variables come on top)."""
     env = {k: v for k, v in parent_env.items() if k != config.SECRET_ENV}
@@ -157,7 +176,8 @@ def run_gloo_job(settings: JobSettings, parent_env: Mapping[str, str],
         sink = OutputSink(len(slots), prefix_timestamp=settings.prefix_timestamp, output_dir=settings.output_dir)
 
         def details(first: WorkerExit) -> str:
-            parts = [_ssh_hint(first), failure_details(first, server.store) if failure_details else ""]
+            parts = [culprit_text(first, server.store), _ssh_hint(first),
+                     failure_details(first, server.store) if failure_details else ""]
             return "\n".join(p for p in parts if p)
         run_workers(specs, sink, settings.grace_seconds, failure_details=details)
         return server.store

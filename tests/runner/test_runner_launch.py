@@ -262,6 +262,29 @@ def test_kill_9_of_the_launcher_takes_the_workers_down(script, tmp_path):
                 pass
 
 
+FREEZE_WORKER = """
+import os, signal
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+for i in range(1000):
+    if hvd.rank() == 1 and i == 10:
+        os.kill(os.getpid(), signal.SIGSTOP)   # frozen, not dead: it never exits by itself
+    hvd.allreduce(np.ones(1 << 15, np.float32), name=f"t{i % 4}")
+"""
+
+
+def test_a_frozen_rank_is_named_as_the_cause_not_the_first_rank_to_exit(hvdrun, script):
+    result = hvdrun(["-np", "3", "python", script(FREEZE_WORKER)],
+                    env=child_env(HOROVOD_TRANSPORT="tcp", HOROVOD_GLOO_TIMEOUT_SECONDS="3"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    err = result.stderr
+    assert "Cause: rank 1 failed first, as seen by the other ranks" in err, err[-3000:]
+    # every survivor's own error names rank 1 as well
+    for rank in (0, 2):
+        assert f"[{rank}]<stderr>:horovod.engine.errors.PeerFailureError: rank 1 " in err, err[-3000:]
+
+
 def test_success_exit_code_zero_and_nonzero_code_is_one(hvdrun):
     assert hvdrun(["-np", "2", "true"]).returncode == 0
     result = hvdrun(["-np", "2", "sh", "-c", 'exit $((HOROVOD_RANK * 4))'])
