@@ -285,6 +285,26 @@ def test_a_frozen_rank_is_named_as_the_cause_not_the_first_rank_to_exit(hvdrun, 
         assert f"[{rank}]<stderr>:horovod.engine.errors.PeerFailureError: rank 1 " in err, err[-3000:]
 
 
+OMP_WORKER = """
+import os
+print("OMP", os.environ.get("OMP_NUM_THREADS"))
+"""
+
+
+def test_omp_num_threads_defaults_to_the_cores_per_worker_unless_set(hvdrun, script):
+    from horovod.runner.threads import usable_cores
+
+    path = script(OMP_WORKER)
+    result = hvdrun(["-np", "2", "python", path])
+    assert result.returncode == 0, result.stderr
+    expected = max(1, usable_cores() // 2)
+    assert sorted(re.findall(r"\[\d\]<stdout>:OMP (\S+)", result.stdout)) == [str(expected)] * 2, result.stdout
+    assert result.stderr.count("Setting OMP_NUM_THREADS") == 1, result.stderr   # said once, not per worker
+    mine = hvdrun(["-np", "2", "python", path], env=child_env(OMP_NUM_THREADS="3"))
+    assert sorted(re.findall(r"\[\d\]<stdout>:OMP (\S+)", mine.stdout)) == ["3", "3"], mine.stdout
+    assert "Setting OMP_NUM_THREADS" not in mine.stderr
+
+
 def test_success_exit_code_zero_and_nonzero_code_is_one(hvdrun):
     assert hvdrun(["-np", "2", "true"]).returncode == 0
     result = hvdrun(["-np", "2", "sh", "-c", 'exit $((HOROVOD_RANK * 4))'])

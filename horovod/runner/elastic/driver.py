@@ -45,6 +45,7 @@ from horovod.runner.hosts import HostInfo, is_local_host
 from horovod.runner.job import LOCAL_RENDEZVOUS_HOST, JobSettings, job_env
 from horovod.runner.output import OutputSink
 from horovod.runner.rendezvous import MemoryStore, RendezvousServer
+from horovod.runner.threads import set_omp_threads
 
 logger = logging.getLogger(__name__)
 
@@ -381,6 +382,7 @@ class ElasticDriver:
                     "HOROVOD_RANK": str(label), "HOROVOD_SIZE": str(max(label + 1, self.settings.num_proc)),
                     "HOROVOD_LOCAL_RANK": wid.rsplit(":", 1)[1], "HOROVOD_LOCAL_SIZE": str(self._slots.get(host, 1)),
                     "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"})
+        set_omp_threads(env, self._slots.get(host, 1))
         spec = WorkerSpec(rank=label, hostname=host, command=list(self._command), env=env,
                           stdin=subprocess.DEVNULL)
         proc = _exec._start(spec)
