@@ -54,6 +54,11 @@ _LOCAL_ONLY = frozenset({"OLDPWD", "PWD", "SHLVL", "_", "HOSTNAME", "SSH_CLIENT"
 #: Runs on the remote host as ``python -c WRAPPER <command...>``; see the module docstring.
 WRAPPER = r"""
 import os, signal, subprocess, sys, threading
+try:   # a parent-death signal inherited through exec would kill us before we could stop the worker
+    import ctypes
+    ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)
+except Exception:
+    pass
 line = b""
 while not line.endswith(b"\n"):
     # Unbuffered, one byte at a time: nothing after the secret line may be consumed here.

@@ -262,6 +262,29 @@ def test_kill_9_of_the_launcher_takes_the_workers_down(script, tmp_path):
                 pass
 
 
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="the parent-death signal is Linux's")
+def test_kill_9_of_the_elastic_driver_takes_the_workers_down(script, tmp_path):
+    path = script(PIDS_WORKER)
+    discovery = tmp_path / "discover.sh"
+    discovery.write_text("#!/bin/sh\necho localhost:2\n")
+    discovery.chmod(0o755)
+    proc = subprocess.Popen(launcher_argv(["-np", "2", "--min-np", "1", "--host-discovery-script", str(discovery),
+                                           "python", path, str(tmp_path)]), env=child_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_files([tmp_path / "pids.0", tmp_path / "pids.1"])
+        proc.kill()
+        proc.wait(timeout=CALL_TIMEOUT_S)
+        workers = [int((tmp_path / f"pids.{r}").read_text().split()[0]) for r in range(2)]
+        assert _wait_dead(workers, timeout=2.0) == [], "elastic workers outlived the driver's SIGKILL by 2 s"
+    finally:
+        for pid in _pids(tmp_path, 2) if (tmp_path / "pids.1").exists() else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 FREEZE_WORKER = """
 import os, signal
 import numpy as np

@@ -504,3 +504,43 @@ def test_hvd_init_under_mpirun_across_two_hosts(cluster, cluster_home):
     lines = sorted(line for line in proc.stdout.splitlines() if "<stdout>:rank" in line)
     assert [line.split(" avg=")[0] for line in lines] == [
         f"[{r}]<stdout>:rank {r}/4 (local {r % 2}/2): sum=[6.0, 10.0, 14.0, 18.0]" for r in range(4)]
+
+
+PID_WORKER = """
+import os, sys, time
+path = os.path.join(sys.argv[1], "pid." + os.environ["HOROVOD_RANK"])
+with open(path + ".part", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(path + ".part", path)
+time.sleep(120)
+"""
+
+
+def test_kill_9_of_the_launcher_takes_remote_workers_down(tmp_path, fake_ssh, script):
+    """ssh dies with the launcher (parent-death signal); the remote wrapper sees its stdin close and stops the
+    worker."""
+    env, _log, key = fake_ssh
+    worker = script(PID_WORKER)
+    proc = subprocess.Popen(launcher_argv(["-np", "2", "-H", "far-a.invalid:2", "--gloo", "-i", str(key),
+                                           "--disable-cache", sys.executable, worker, str(tmp_path)]),
+                            env=env, cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    pids = []
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not all((tmp_path / f"pid.{r}").exists() for r in range(2)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
+            time.sleep(0.05)
+        pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
+        proc.kill()
+        proc.wait(timeout=JOB_TIMEOUT)
+        deadline = time.monotonic() + 2.0
+        while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in pids if os.path.exists(f"/proc/{p}")], "remote workers outlived the launcher"
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
