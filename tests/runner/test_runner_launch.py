@@ -242,47 +242,39 @@ def test_signal_stops_every_worker(script, tmp_path, sig):
     assert _wait_dead(_pids(tmp_path, 2)) == []
 
 
-@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="the parent-death signal is Linux's")
-def test_kill_9_of_the_launcher_takes_the_workers_down(script, tmp_path):
-    """A launcher killed with SIGKILL runs no cleanup: the workers must go by themselves (parent-death signal)."""
-    path = script(PIDS_WORKER)
-    proc = subprocess.Popen(launcher_argv(["-np", "2", "python", path, str(tmp_path)]), env=child_env(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _kill_9_leaves_no_workers(launcher_args, tmp_path) -> list:
+    """Start the launcher, SIGKILL it once both workers run; the workers still alive 2 s later."""
+    proc = subprocess.Popen(launcher_argv(launcher_args), env=child_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_files([tmp_path / "pids.0", tmp_path / "pids.1"])
         proc.kill()
         proc.wait(timeout=CALL_TIMEOUT_S)
         workers = [int((tmp_path / f"pids.{r}").read_text().split()[0]) for r in range(2)]
-        assert _wait_dead(workers, timeout=2.0) == [], "workers outlived the launcher's SIGKILL by 2 s"
+        return _wait_dead(workers, timeout=2.0)
     finally:
         for pid in _pids(tmp_path, 2) if (tmp_path / "pids.1").exists() else []:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)   # the grandchildren (and any survivor) of the test
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="the parent-death signal is Linux's")
+def test_kill_9_of_the_launcher_takes_the_workers_down(script, tmp_path):
+    """A launcher killed with SIGKILL runs no cleanup: the workers must go by themselves (parent-death signal)."""
+    alive = _kill_9_leaves_no_workers(["-np", "2", "python", script(PIDS_WORKER), str(tmp_path)], tmp_path)
+    assert alive == [], "workers outlived the launcher's SIGKILL by 2 s"
 
 
 @pytest.mark.skipif(not os.uname().sysname == "Linux", reason="the parent-death signal is Linux's")
 def test_kill_9_of_the_elastic_driver_takes_the_workers_down(script, tmp_path):
-    path = script(PIDS_WORKER)
     discovery = tmp_path / "discover.sh"
     discovery.write_text("#!/bin/sh\necho localhost:2\n")
     discovery.chmod(0o755)
-    proc = subprocess.Popen(launcher_argv(["-np", "2", "--min-np", "1", "--host-discovery-script", str(discovery),
-                                           "python", path, str(tmp_path)]), env=child_env(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_files([tmp_path / "pids.0", tmp_path / "pids.1"])
-        proc.kill()
-        proc.wait(timeout=CALL_TIMEOUT_S)
-        workers = [int((tmp_path / f"pids.{r}").read_text().split()[0]) for r in range(2)]
-        assert _wait_dead(workers, timeout=2.0) == [], "elastic workers outlived the driver's SIGKILL by 2 s"
-    finally:
-        for pid in _pids(tmp_path, 2) if (tmp_path / "pids.1").exists() else []:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    alive = _kill_9_leaves_no_workers(["-np", "2", "--min-np", "1", "--host-discovery-script", str(discovery),
+                                       "python", script(PIDS_WORKER), str(tmp_path)], tmp_path)
+    assert alive == [], "elastic workers outlived the driver's SIGKILL by 2 s"
 
 
 FREEZE_WORKER = """
