@@ -437,8 +437,11 @@ class ElasticDriver:
                  worker.last_epoch == self._epoch else "not in an epoch yet" if worker.last_epoch < 0 else
                  f"last in epoch {worker.last_epoch}")
         failures = self._host_failures[worker.host] = self._host_failures.get(worker.host, 0) + 1
+        # Healthy = still running after training in an epoch: a replacement started moments ago proves nothing
+        # about the host (when several of its workers die at once, their exits may arrive one step apart).
         healthy = [o for o in self._workers.values()
-                   if o.host == worker.host and o is not worker and o.running and o.proc.poll() is None]
+                   if o.host == worker.host and o is not worker and o.running and o.last_epoch >= 0
+                   and o.proc.poll() is None]
         if healthy and failures < HOST_FAILURES_BEFORE_BLACKLIST:
             # One process failed on a host that still runs others: replace it there; the survivors keep their
             # state and the job resumes from the last commit with the same size.
