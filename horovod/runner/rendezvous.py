@@ -127,6 +127,7 @@ class RendezvousServer:
         self._nonces: Dict[str, float] = {}
         self._unproven: "collections.OrderedDict[asyncio.StreamWriter, None]" = collections.OrderedDict()
         self._open = 0
+        self._writers: "set[asyncio.StreamWriter]" = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="hvd-rendezvous", daemon=True)
@@ -159,9 +160,13 @@ class RendezvousServer:
             self._loop.run_forever()
         finally:
             server.close()
-            for task in asyncio.all_tasks(self._loop):
-                task.cancel()
-            self._loop.run_until_complete(asyncio.sleep(0))
+            # Hang up every connection and let its handler finish by itself (cancelling handlers trips a bug of
+            # Python 3.11's asyncio streams, which then logs a traceback per connection).
+            for writer in list(self._writers):
+                writer.transport.abort()
+            tasks = list(asyncio.all_tasks(self._loop))
+            if tasks:
+                self._loop.run_until_complete(asyncio.wait(tasks, timeout=5))
             self._loop.close()
 
     # -- one connection -------------------------------------------------------------------------------
@@ -171,6 +176,7 @@ class RendezvousServer:
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._open += 1
+        self._writers.add(writer)
         self._unproven[writer] = None
         if self._open > MAX_CONNECTIONS:
             oldest = next(iter(self._unproven))
@@ -191,6 +197,7 @@ class RendezvousServer:
                 timeout = IDLE_TIMEOUT_S
         finally:
             self._open -= 1
+            self._writers.discard(writer)
             self._unproven.pop(writer, None)
             writer.close()
 

@@ -221,3 +221,28 @@ def test_horovod_run_with_use_mpi(script, tmp_path):
     error = next(line for line in proc.stdout.splitlines() if line.startswith("ERROR"))
     assert "mpirun failed with exit code" in error and "rank 1 raised:" in error
     assert "ArithmeticError: rank one is unhappy" in error
+
+
+SEED_ALLREDUCE = """
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+print("SUM", hvd.rank(), hvd.allreduce(np.ones(3) * (hvd.rank() + 1), op=hvd.Sum).tolist(), flush=True)
+"""
+
+
+@needs_mpi
+def test_the_seed_documents_mpirun_line_as_the_readme_spells_it_for_open_mpi_5(tmp_path):
+    """README's "Running under mpirun" line, verbatim (Open MPI 5 wants --bind-to/--map-by with two dashes)."""
+    script = tmp_path / "train.py"
+    script.write_text(SEED_ALLREDUCE)
+    line = ("mpirun -np 2 -H localhost:2 --bind-to none --map-by slot -x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH "
+            "-x PATH -mca pml ob1 -mca btl ^openib python train.py")
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        assert line in f.read(), "README's mpirun line changed: keep this test and the README in step"
+    env = child_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault("LD_LIBRARY_PATH", "")
+    proc = subprocess.run(line.split(), cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=CALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(re.findall(r"SUM (\d) \[3\.0, 3\.0, 3\.0\]", proc.stdout)) == ["0", "1"], proc.stdout
