@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="Launch with mpirun (the default for jobs on several hosts when mpirun and mpi4py "
                                  "are installed).")
     controller.add_argument("--jsrun", dest="use_jsrun", action=_Tracked, const=True, default=None,
-                            help="Launch with jsrun (not yet supported by this launcher).")
+                            help="Launch with jsrun on an LSF cluster (hosts from LSB_MCPU_HOSTS unless -H is given).")
 
     parser.add_argument("command", nargs=argparse.REMAINDER, help="Command to run on every process.")
     return parser

@@ -184,9 +184,19 @@ def run_mpi(args: Any, parent_env: Mapping[str, str]) -> None:
     run_mpi_job(job_settings(args, list(args.command), parent_env), parent_env)
 
 
+def run_jsrun(args: Any, parent_env: Mapping[str, str]) -> None:
+    """Run ``args.command`` through ``jsrun`` on an LSF cluster (:mod:`horovod.runner.js_run`)."""
+    from horovod.runner import js_run
+
+    given = bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None))
+    if args.num_proc is not None and args.num_proc < 1:
+        raise ValueError(f"-np/--num-proc must be >= 1, got {args.num_proc}")
+    js_run.run_jsrun(args, parent_env, cli.knob_env(args, parent_env), resolve_hosts(args) if given else None)
+
+
 #: Launch mode → function running the job; see the module docstring.
 JOB_RUNNERS: Dict[str, Callable[[Any, Mapping[str, str]], None]] = {"gloo": run_gloo, "mpi": run_mpi,
-                                                                    "elastic": run_elastic}
+                                                                    "elastic": run_elastic, "jsrun": run_jsrun}
 
 
 class _Stopped(BaseException):
