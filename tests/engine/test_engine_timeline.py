@@ -26,6 +26,7 @@ def timeline_ops(path: str) -> dict:
     """A little of everything; rank 0 also checks that the file is valid JSON while the job runs."""
     import json
     import os
+    import time
 
     import numpy as np
 
@@ -44,8 +45,16 @@ def timeline_ops(path: str) -> dict:
     hvd.reducescatter(np.ones((4, 2)), name="tl_rs")
     hvd.barrier()
     if rank == 0:
-        with open(path) as f:
-            json.load(f)  # valid JSON mid-run
+        # Valid JSON mid-run, between the writer thread's flushes (a read racing a flush may see it half done).
+        for _ in range(100):
+            try:
+                with open(path) as f:
+                    json.load(f)
+                break
+            except json.JSONDecodeError:
+                time.sleep(0.02)
+        else:
+            raise AssertionError("the timeline is not valid JSON between flushes")
         out["mid_run_valid"] = True
     hvd.shutdown()
     out["other_rank_file_exists"] = os.path.exists(path + ".rank1")
