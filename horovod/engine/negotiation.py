@@ -223,9 +223,10 @@ class Coordinator:
         entry = pset.pending.get(req.name)
         if entry is None:
             entry = pset.pending[req.name] = _Pending(first_seen=now)
-            kind, _, base = req.name.partition(".")
-            if any(f"{other}.{base}" in pset.pending for other in _KIND_PREFIXES if other != kind):
-                self._kind_suspects.add((pset.id, base))
+            if len(pset.pending) > 1:   # alone, it cannot clash (the common case: one blocking op at a time)
+                kind, _, base = req.name.partition(".")
+                if any(f"{other}.{base}" in pset.pending for other in _KIND_PREFIXES if other != kind):
+                    self._kind_suspects.add((pset.id, base))
         if req.rank in entry.requests:
             # The enqueue-side check makes this unreachable for well-behaved ranks; say so rather than hang.
             self._ready.append(Response(ERROR, [req.name], pset.id, error_kind="usage",
