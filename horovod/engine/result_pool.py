@@ -47,7 +47,9 @@ class ResultPool:
     """Free blocks of raw bytes, keyed by exact size; the least recently freed go first when over the cap."""
 
     def __init__(self, max_bytes: int = MAX_POOLED_BYTES):
-        self._lock = threading.Lock()
+        # Re-entrant: a lease freed by the cyclic GC (which may run on any allocation, even one made while the
+        # lock is held) returns its block from inside the same thread.
+        self._lock = threading.RLock()
         self._free: Dict[int, List[np.ndarray]] = {}  # nbytes -> free blocks, most recently freed last
         self._age: "collections.OrderedDict[int, np.ndarray]" = collections.OrderedDict()  # id -> block, oldest first
         self._bytes = 0
