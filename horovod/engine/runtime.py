@@ -56,25 +56,12 @@ SHUTDOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception
                     "shutdown was caused by an exception, you should see the exception in the log before the first "
                     "shutdown message.")
 
-# Set in a child forked from a process whose engine was running: the engine's threads did not survive the fork and
-# its connections belong to the parent, so the child must not touch them (it would corrupt the parent's job).
-_forked_child = False
-
-
 def forked_error() -> HorovodInternalError:
     return HorovodInternalError(
         f"Horovod was initialized in the parent process (pid {os.getppid()}) before this process (pid "
         f"{os.getpid()}) was forked; a forked child cannot use the parent's engine, and using it would break the "
         f"parent's job. Run collectives in the process that called hvd.init(), or start worker processes before "
         f"hvd.init() (or with the 'spawn' start method) and let each call hvd.init() as a rank of its own job.")
-
-
-def _mark_forked_child() -> None:
-    global _forked_child
-    _forked_child = True
-
-
-os.register_at_fork(after_in_child=_mark_forked_child)
 
 
 class ProcessSetInfo:
@@ -105,6 +92,9 @@ class Runtime:
         self.config = config
         self.rank, self.size = rank, size
         self.transport_name = world.name
+        # A child forked while this engine runs inherits it without its threads, and its connections belong to
+        # the parent: the child must not touch them (it would break the parent's job).
+        self._pid = os.getpid()
         self.rendezvous_server = None   # set when rank 0 serves the rendezvous itself (mpirun launches)
         self.mpi_comm = None
         self.store = None   # the rendezvous store (elastic host-update checks)
@@ -157,7 +147,7 @@ class Runtime:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the background thread; pending collectives fail with the shutdown error."""
-        if _forked_child:
+        if os.getpid() != self._pid:
             return   # the parent's engine: its threads are not here, and its peers must not hear from us
         with self._lock:
             self._stop_requested = True
@@ -196,7 +186,7 @@ class Runtime:
             ValueError: a name is already in flight, or this rank is not a member of the process set.
             HorovodInternalError: the engine has failed or shut down.
         """
-        if _forked_child:
+        if os.getpid() != self._pid:
             raise forked_error()
         with self._lock:
             if self._dead is not None:
@@ -306,7 +296,7 @@ class Runtime:
         Returns early (the caller then waits on the handle) when another thread drives: that thread keeps driving
         while anything is in flight, or hands over to the background thread when it stops.
         """
-        if _forked_child:
+        if os.getpid() != self._pid:
             raise forked_error()
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._drive.acquire(blocking=False):
