@@ -492,7 +492,7 @@ def fusion(spec: dict, hvd, sync: Sync, emit: Emitter, rank: int, size: int) -> 
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
             os.environ.update(env)
             hvd.init()
-            cfg = hvd_basics._runtime.config
+            cfg = hvd_basics.runtime().config
             applied[label] = {"fusion_threshold": cfg.fusion_threshold, "inline_bytes": cfg.inline_bytes}
             for i, t in enumerate(tensors):
                 t.fill(i % 7 + rank)
@@ -593,7 +593,7 @@ def memory(spec: dict, emit: Emitter, rank: int, size: int) -> None:
 
 def _raw_transport(name: str, cfg, rank: int, size: int, timeout: float):
     """A second, independent transport of the given kind beside the engine's (same rendezvous, own scope)."""
-    from horovod.runner.rendezvous import RendezvousClient
+    from horovod.transport.rendezvous import RendezvousClient
     from horovod.transport.base import Bootstrap
 
     topo = cfg.topology
@@ -663,7 +663,7 @@ def worker(spec_path: str) -> None:
     sync = Sync(raw)
     from horovod.common import basics as hvd_basics
 
-    emit({"kind": "meta", f"engine_transport_{spec['job']}": getattr(hvd_basics._runtime, "transport_name", None)})
+    emit({"kind": "meta", f"engine_transport_{spec['job']}": hvd_basics.runtime().transport_name})
     phases = spec["phases"]
     t0 = time.monotonic()
     if "latency" in phases:

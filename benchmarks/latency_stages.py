@@ -54,7 +54,7 @@ def worker(pattern: str, calls: int, out: str) -> None:
     stamp_around(controller.ControlPlane, "broadcast", "resp_sent", after=False)
     stamp_around(controller.ControlPlane, "receive", "received", after=True)
     hvd.init()
-    selector = basics._runtime._selector
+    selector = basics.runtime()._selector
     plain_select = selector.select
 
     def select(timeout=None):

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from horovod.runner.rendezvous import RendezvousClient, RendezvousServer  # noqa: E402
+from horovod.transport.rendezvous import RendezvousClient, RendezvousServer  # noqa: E402
 from horovod.transport.base import Bootstrap  # noqa: E402
 from horovod.transport.shm import create_shm  # noqa: E402
 

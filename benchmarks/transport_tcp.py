@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from horovod.runner.rendezvous import RendezvousClient, RendezvousServer  # noqa: E402
+from horovod.transport.rendezvous import RendezvousClient, RendezvousServer  # noqa: E402
 from horovod.transport.base import Bootstrap  # noqa: E402
 from horovod.transport.tcp import create_tcp  # noqa: E402
 

@@ -83,7 +83,7 @@ def run_ranks(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dic
 
     ``python`` is the interpreter the ranks run (default: this one), e.g. a separate venv's for MXNet.
     """
-    from horovod.runner.rendezvous import RendezvousServer
+    from horovod.transport.rendezvous import RendezvousServer
 
     _register_by_value(fn)
     secret = secrets.token_bytes(16)

@@ -11,14 +11,14 @@ from typing import Dict, Optional, Sequence, Union
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.engine import config as _config
 from horovod.engine import result_pool
+from horovod.engine import state as _state
+from horovod.engine.state import NOT_INITIALIZED  # noqa: F401  (re-exported)
 from horovod.engine.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
 
 logger = logging.getLogger("horovod")
 
-NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 _lock = threading.RLock()
-_runtime = None
 _generation = 0
 _sets: Dict[int, ProcessSet] = {}
 _atexit_registered = False
@@ -53,13 +53,13 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
     Raises:
         ValueError: initialisation failed (the message says why and what to do).
     """
-    global _runtime, _generation, _atexit_registered
+    global _generation, _atexit_registered
     with _lock:
-        if _runtime is not None and _runtime.alive:
+        if _state.current is not None and _state.current.alive:
             return
-        if _runtime is not None:
-            _runtime.shutdown()
-            _runtime = None
+        if _state.current is not None:
+            _state.current.shutdown()
+            _state.current = None
         if isinstance(process_sets, str):
             if process_sets != "dynamic":
                 raise ValueError(f"process_sets must be a list of ProcessSet or 'dynamic', got {process_sets!r}")
@@ -92,13 +92,13 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
         from horovod.engine import bootstrap, collectives
 
         try:
-            _runtime = bootstrap.start(cfg, [ps.ranks for ps in static], _generation, mpi_comm)
+            _state.current = bootstrap.start(cfg, [ps.ranks for ps in static], _generation, mpi_comm)
         except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
             raise ValueError(f"Horovod initialization failed: {exc}") from exc
         _generation += 1
         collectives.reset_names()
         _sets.clear()
-        global_process_set.ranks = list(range(_runtime.size))
+        global_process_set.ranks = list(range(_state.current.size))
         _sets[0] = global_process_set
         for i, ps in enumerate(static, start=1):
             ps.process_set_id = i
@@ -110,11 +110,10 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
 
 def shutdown() -> None:
     """Stop the engine; pending collectives fail.  ``init()`` may be called again afterwards."""
-    global _runtime
     with _lock:
-        if _runtime is None:
+        if _state.current is None:
             return
-        runtime, _runtime = _runtime, None
+        runtime, _state.current = _state.current, None
         for ps in list(_sets.values()):
             if ps.process_set_id not in (0, None):
                 ps._invalidate()
@@ -124,7 +123,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
-    return _runtime is not None
+    return _state.current is not None
 
 
 def _new_lock_in_forked_child() -> None:
@@ -142,10 +141,7 @@ def runtime():
     Raises:
         ValueError: not initialised.
     """
-    rt = _runtime
-    if rt is None:
-        raise ValueError(NOT_INITIALIZED)
-    return rt
+    return _state.runtime()
 
 
 def registered_process_sets() -> Dict[int, ProcessSet]:
@@ -213,7 +209,7 @@ def mpi_threads_supported() -> bool:
 
 def mpi_enabled() -> bool:
     """True when collectives run over MPI."""
-    return _runtime is not None and _runtime.transport_name == "mpi"
+    return _state.current is not None and _state.current.transport_name == "mpi"
 
 
 def mpi_built() -> bool:
@@ -223,7 +219,7 @@ def mpi_built() -> bool:
 
 def gloo_enabled() -> bool:
     """True when the built-in transports (the Gloo role of the original) are in use."""
-    return _runtime is not None and _runtime.transport_name != "mpi"
+    return _state.current is not None and _state.current.transport_name != "mpi"
 
 
 def gloo_built() -> bool:

@@ -72,7 +72,7 @@ class _MpiRendezvous:
     """Under ``mpirun`` there is no launcher: rank 0 serves the rendezvous in-process and shares its address."""
 
     def __init__(self, comm, bind_addr: str):
-        from horovod.runner.rendezvous import RendezvousClient, RendezvousServer
+        from horovod.transport.rendezvous import RendezvousClient, RendezvousServer
 
         self.server = None
         if comm.Get_rank() == 0:
@@ -119,7 +119,7 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
     timeout = float(max(config.init_timeout_seconds, config.gloo_timeout_seconds))
     rendezvous_server = None
     if topo.rendezvous_addr and mpi_comm is None:
-        from horovod.runner.rendezvous import RendezvousClient
+        from horovod.transport.rendezvous import RendezvousClient
 
         if topo.secret is None:
             raise InitError("HOROVOD_GLOO_RENDEZVOUS_ADDR is set but the job secret is missing from the "
@@ -183,7 +183,7 @@ def _mpi_bind_address(comm, one_host: bool, iface: str) -> str:
     """
     if one_host:
         return "127.0.0.1"
-    from horovod.runner.network import interface_addresses
+    from horovod.transport.network import interface_addresses
 
     mine = interface_addresses()
     if iface and iface in mine:

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from horovod.engine import ops
+from horovod.engine import ops, state
 from horovod.engine.errors import InvalidArgumentError
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
@@ -45,13 +45,7 @@ def _attended() -> bool:
 
 
 def _runtime():
-    global _basics
-    if _basics is None:
-        from horovod.common import basics as _basics   # imported late: basics imports this module
-    return _basics.runtime()
-
-
-_basics = None
+    return state.runtime()
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ from horovod.runner.exec import LaunchNotAvailableError, WorkerExit
 from horovod.runner.job import JobSettings, run_gloo_job
 from horovod.runner.launch import _configure_logging, _not_available, job_settings, launch_mode
 from horovod.runner.mpi_job import run_mpi_job
-from horovod.runner.rendezvous import MemoryStore, RendezvousServer
+from horovod.transport.rendezvous import MemoryStore, RendezvousServer
 from horovod.runner.run_task import ERROR_SCOPE, FUNC_KEY, FUNC_SCOPE, RESULT_SCOPE
 
 

@@ -18,7 +18,7 @@ from horovod.runner.exec import DEFAULT_GRACE_SECONDS, WorkerExit, WorkerSpec, r
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.output import OutputSink
 from horovod.engine.runtime import CULPRIT_SCOPE
-from horovod.runner.rendezvous import MemoryStore, RendezvousServer
+from horovod.transport.rendezvous import MemoryStore, RendezvousServer
 from horovod.runner.threads import set_omp_threads
 
 logger = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerE
 from horovod.runner.hosts import HostInfo, get_host_assignments
 from horovod.runner.job import JobSettings, remote_plan
 from horovod.runner.output import prefix, rank_dir
-from horovod.runner.rendezvous import MemoryStore, RendezvousServer
+from horovod.transport.rendezvous import MemoryStore, RendezvousServer
 
 logger = logging.getLogger(__name__)
 

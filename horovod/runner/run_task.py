@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import cloudpickle
 
 from horovod.engine import config
-from horovod.runner.rendezvous import RendezvousClient
+from horovod.transport.rendezvous import RendezvousClient
 
 FUNC_SCOPE = "runfunc"
 FUNC_KEY = "func"

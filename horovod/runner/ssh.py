@@ -14,7 +14,7 @@ get no standard input of their own.
 
 Before anything starts, :func:`prepare_remote_hosts` checks every remote host in parallel with one ssh call
 each, which also reports which of this machine's addresses the host can connect to (see
-:mod:`horovod.runner.network`); failures name the host, what ssh said and what to do.  Successful checks are
+:mod:`horovod.transport.network`); failures name the host, what ssh said and what to do.  Successful checks are
 cached for an hour (:mod:`horovod.runner.check_cache`) unless ``--disable-cache``.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from horovod.engine import config
-from horovod.runner import network
+from horovod.transport import network
 from horovod.runner.check_cache import CheckCache, make_key
 from horovod.runner.exec import (DEFAULT_GRACE_SECONDS, WorkerSpec, WorkerStartError, die_with_launcher,
                                  register_starter)

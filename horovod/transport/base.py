@@ -157,7 +157,7 @@ def register(name: str) -> Callable[[Callable[..., Transport]], Callable[..., Tr
 
 
 class Store(abc.ABC):
-    """What a transport needs from the rendezvous: a shared key-value store (see ``runner.rendezvous``)."""
+    """What a transport needs from the rendezvous: a shared key-value store (see :mod:`horovod.transport.rendezvous`)."""
 
     @abc.abstractmethod
     def put(self, scope: str, key: str, value: bytes) -> None: ...

@@ -418,7 +418,7 @@ def wrong_secret_worker(intruder_code: str) -> dict:
     if rank == 1:
         # While the coordinator waits for rank 1, a process with the right addresses but the wrong secret tries
         # the rendezvous (hvd.init) and the coordinator's control port directly.
-        from horovod.runner.rendezvous import RendezvousClient
+        from horovod.transport.rendezvous import RendezvousClient
 
         env = dict(os.environ)
         store = RendezvousClient(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]),

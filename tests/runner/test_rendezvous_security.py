@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from horovod.runner import rendezvous
-from horovod.runner.rendezvous import RendezvousClient, RendezvousServer
+from horovod.transport import rendezvous
+from horovod.transport.rendezvous import RendezvousClient, RendezvousServer
 
 SECRET = b"s" * 32
 
@@ -118,7 +118,7 @@ def test_a_thousand_hostile_connections_cost_little_and_do_not_delay_a_worker(se
 
 
 def test_refusals_are_logged_once_then_summarised(server, caplog):
-    with caplog.at_level(logging.DEBUG, logger="horovod.runner.rendezvous"):
+    with caplog.at_level(logging.DEBUG, logger="horovod.transport.rendezvous"):
         for _ in range(50):
             _raw(server, b"GET /s/k HTTP/1.1\r\n\r\n")
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]

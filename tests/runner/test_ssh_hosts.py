@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from horovod.runner import check_cache, network, ssh
+from horovod.runner import check_cache, ssh
+from horovod.transport import network
 from horovod.runner.hosts import HostInfo
 from horovod.runner.launch import launch_mode, parse_args
 from horovod.runner.mpi_job import spans_several_hosts

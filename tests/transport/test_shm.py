@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 import pytest
 
-from horovod.runner.rendezvous import RendezvousClient, RendezvousServer
+from horovod.transport.rendezvous import RendezvousClient, RendezvousServer
 from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport, TransportError
 from horovod.transport.shm import _MEMORY_ORDER_OK, ShmTransport, create_shm
 

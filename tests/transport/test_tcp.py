@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from horovod.runner.rendezvous import RendezvousServer
+from horovod.transport.rendezvous import RendezvousServer
 from horovod.transport import algorithms as alg
 from horovod.transport import sockets
 from horovod.transport.base import MAX, MIN, PRODUCT, SUM, TransportError

@@ -1,7 +1,7 @@
 """Run a function on a real multi-process world over a real rendezvous server (test helper, not a test).
 
 Every world is a set of forked (or spawned) processes that bootstrap a registered transport through a
-:class:`~horovod.runner.rendezvous.RendezvousServer` living in the test process, run ``fn(transport, *args)``
+:class:`~horovod.transport.rendezvous.RendezvousServer` living in the test process, run ``fn(transport, *args)``
 and report back through a queue.  Every wait is bounded: processes still alive at the deadline are killed and
 the run fails with what each rank reported.
 """
@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from horovod.runner.rendezvous import RendezvousClient, RendezvousServer
+from horovod.transport.rendezvous import RendezvousClient, RendezvousServer
 from horovod.transport.base import REGISTRY, Bootstrap
 
 _REPORT: Optional[Callable[[Any], None]] = None

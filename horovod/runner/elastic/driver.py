@@ -44,7 +44,7 @@ from horovod.runner.exec import DEFAULT_GRACE_SECONDS, JobFailedError, WorkerExi
 from horovod.runner.hosts import HostInfo, is_local_host
 from horovod.runner.job import LOCAL_RENDEZVOUS_HOST, JobSettings, job_env
 from horovod.runner.output import OutputSink
-from horovod.runner.rendezvous import MemoryStore, RendezvousServer
+from horovod.transport.rendezvous import MemoryStore, RendezvousServer
 from horovod.runner.threads import set_omp_threads
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import cloudpickle
 from horovod.runner import cli
 from horovod.runner.elastic.discovery import FixedHosts, HostDiscovery, HostDiscoveryScript
 from horovod.runner.elastic.driver import ElasticDriver, ElasticResult, ElasticSettings
-from horovod.runner.rendezvous import RendezvousServer
+from horovod.transport.rendezvous import RendezvousServer
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class _ElasticTask:
 
     def __call__(self) -> None:
         from horovod.engine import config
-        from horovod.runner.rendezvous import RendezvousClient
+        from horovod.transport.rendezvous import RendezvousClient
 
         result = cloudpickle.loads(self.payload)()
         topo = config.topology_from_env(config.environ())
