@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
@@ -108,12 +109,19 @@ class Entry:
 
 
 class HandleTable:
-    """Integer handles for bindings whose API passes ints around (``poll(handle)``, ``synchronize(handle)``)."""
+    """Integer handles for bindings whose API passes ints around (``poll(handle)``, ``synchronize(handle)``).
+
+    Every table of the process is forgotten together (:meth:`clear_all`) when any binding's ``init()`` or
+    ``shutdown()`` runs: handles of a previous engine can never complete.
+    """
+
+    _tables: "weakref.WeakSet[HandleTable]" = weakref.WeakSet()
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next = 0
         self._handles: dict = {}
+        HandleTable._tables.add(self)
 
     def add(self, handle: Handle, wrap: Optional[Callable[[Any], Any]] = None) -> int:
         with self._lock:
@@ -146,3 +154,9 @@ class HandleTable:
     def clear(self) -> None:
         with self._lock:
             self._handles.clear()
+
+    @classmethod
+    def clear_all(cls) -> None:
+        """Forget the handles of every table (keys keep counting up, so an old key never names a new handle)."""
+        for table in list(cls._tables):
+            table.clear()

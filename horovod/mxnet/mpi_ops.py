@@ -1,8 +1,9 @@
 """The collectives of ``horovod.mxnet`` on MXNet NDArrays, and the basics every binding re-exports.
 
 Each call copies its NDArrays to host numpy arrays (``asnumpy`` waits for MXNet's pending writes to them), runs
-the framework-neutral collective of :mod:`horovod.engine.collectives`, and hands the result back as a new NDArray
-on the input's context, or writes it into the input (``tensor[:] = result``) for the in-place ``*_`` variants.
+the collective every binding shares (:mod:`horovod.common.binding_ops`, through :class:`MxnetAdapter`), and hands
+the result back as a new NDArray on the input's context, or writes it into the input (``tensor[:] = result``) for
+the in-place ``*_`` variants.
 
 The original's operations were asynchronous on MXNet's dependency engine; these return once the result is there,
 so a result never needs ``wait_to_read`` and a failure raises at the call instead of at the next read.
@@ -18,16 +19,17 @@ import mxnet as mx
 import numpy as np
 
 from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_built, cross_rank,  # noqa: F401
-                                   cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
-                                   is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                                   mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
-                                   start_timeline, stop_timeline)
+                                   cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, is_homogeneous,
+                                   is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                                   mpi_threads_supported, nccl_built, rank, rocm_built, size, start_timeline,
+                                   stop_timeline)
 from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  # noqa: F401
                                          group_op_names, op_name,
                                          global_process_set, remove_process_set)
+from horovod.common import binding_ops
+from horovod.common.adapter import TensorAdapter, View
+from horovod.common.binding_ops import init, shutdown  # noqa: F401  (every binding's init/shutdown)
 from horovod.common.util import handle_average_backwards_compatibility
-from horovod.engine import collectives
-from horovod.engine.handles import Handle
 from horovod.engine.collectives import blocking
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,29 @@ def write_back(tensor: NDArray, array: np.ndarray) -> NDArray:
     return tensor
 
 
+class MxnetAdapter(TensorAdapter):
+    """NDArrays cross as fresh host copies (``asnumpy`` orders the copy after MXNet's pending writes), so every
+    view is staged: results are new NDArrays on the input's context, in-place results are written back."""
+
+    def view(self, tensor: NDArray) -> View:
+        return View(tensor, np.ascontiguousarray(tensor.asnumpy()), None, True)
+
+    def result(self, array: np.ndarray, view: View) -> NDArray:
+        return from_numpy(np.ascontiguousarray(array), view.tensor)
+
+    def write_back(self, tensor: NDArray, array: np.ndarray) -> NDArray:
+        return write_back(tensor, array)
+
+    def splits(self, splits):
+        return super().splits(splits.asnumpy() if isinstance(splits, NDArray) else splits)
+
+    def received_splits(self, received: np.ndarray) -> NDArray:
+        return mx.nd.array(np.asarray(received, dtype=np.int32), ctx=mx.cpu(), dtype=np.int32)
+
+
+_ADAPTER = MxnetAdapter()
+
+
 def _priority(priority) -> int:
     if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
         raise ValueError(f"priority must be an int (higher runs earlier), got {priority!r}.")
@@ -88,12 +113,21 @@ def _tensor_list(tensors, what: str) -> List[NDArray]:
 
 
 # -- allreduce -------------------------------------------------------------------------------------------------
-def _allreduce_async(arrays: Sequence[np.ndarray], names: Sequence[str], op, prescale_factor, postscale_factor,
-                     process_set, grouped: bool) -> Handle:
-    # The host copies are fresh, so the engine reduces straight into them.
-    return collectives.allreduce_async(list(arrays), list(names), op=op, prescale=prescale_factor,
-                                       postscale=postscale_factor, process_set=_set_id(process_set),
-                                       outputs=list(arrays), grouped=grouped)
+def _allreduce(tensors, what: str, average, name, priority, prescale_factor, postscale_factor, process_set, op,
+               inplace: bool, grouped: bool):
+    """Validate, then run the shared allreduce (the host copies are private, so the engine reduces into them)."""
+    op = handle_average_backwards_compatibility(op, average)
+    _priority(priority)
+    if grouped:
+        tensors = _tensor_list(tensors, what)
+        if not tensors:
+            return []
+        names, _ = group_op_names("grouped_allreduce", name, len(tensors), process_set)
+    else:
+        _check(tensors, what)
+        tensors, names = [tensors], [op_name("allreduce", name, process_set)]
+    return binding_ops.complete(binding_ops.allreduce(_ADAPTER, tensors, names, op, prescale_factor,
+                                                      postscale_factor, _set_id(process_set), inplace, grouped))
 
 
 @blocking
@@ -115,9 +149,8 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
     Returns:
         A new NDArray of the same shape, dtype and context.
     """
-    host = _reduce_one(tensor, "allreduce", average, name, priority, prescale_factor, postscale_factor,
-                       process_set, op)
-    return from_numpy(host, tensor)
+    return _allreduce(tensor, "allreduce", average, name, priority, prescale_factor, postscale_factor,
+                      process_set, op, inplace=False, grouped=False)
 
 
 @blocking
@@ -125,20 +158,8 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> NDArray:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
-    host = _reduce_one(tensor, "allreduce_", average, name, priority, prescale_factor, postscale_factor,
-                       process_set, op)
-    return write_back(tensor, host)
-
-
-def _reduce_one(tensor: NDArray, what: str, average, name, priority, prescale_factor, postscale_factor,
-                process_set, op) -> np.ndarray:
-    """Allreduce ``tensor``'s host copy and return it."""
-    op = handle_average_backwards_compatibility(op, average)
-    _priority(priority)
-    host = to_numpy(tensor, what)
-    _allreduce_async([host], [op_name("allreduce", name, process_set)], op, prescale_factor, postscale_factor,
-                     process_set, grouped=False).wait()
-    return host
+    return _allreduce(tensor, "allreduce_", average, name, priority, prescale_factor, postscale_factor,
+                      process_set, op, inplace=True, grouped=False)
 
 
 @blocking
@@ -146,9 +167,8 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None
                       priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
     """Reduce a list of NDArrays as one atomic group; returns a list of new NDArrays."""
-    tensors, hosts = _reduce_group(tensors, "grouped_allreduce", average, name, priority, prescale_factor,
-                                   postscale_factor, process_set, op)
-    return [from_numpy(h, t) for h, t in zip(hosts, tensors)]
+    return _allreduce(tensors, "grouped_allreduce", average, name, priority, prescale_factor, postscale_factor,
+                      process_set, op, inplace=False, grouped=True)
 
 
 @blocking
@@ -156,22 +176,8 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
                        priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
     """In-place :func:`grouped_allreduce`: every tensor receives its result; returns them."""
-    tensors, hosts = _reduce_group(tensors, "grouped_allreduce_", average, name, priority, prescale_factor,
-                                   postscale_factor, process_set, op)
-    return [write_back(t, h) for t, h in zip(tensors, hosts)]
-
-
-def _reduce_group(tensors, what: str, average, name, priority, prescale_factor, postscale_factor, process_set,
-                  op) -> Tuple[List[NDArray], List[np.ndarray]]:
-    """Allreduce the host copies of ``tensors`` as one group; returns the tensors and their reduced copies."""
-    op = handle_average_backwards_compatibility(op, average)
-    _priority(priority)
-    tensors = _tensor_list(tensors, what)
-    hosts = [to_numpy(t, what) for t in tensors]
-    if hosts:
-        names, _ = group_op_names("grouped_allreduce", name, len(hosts), process_set)
-        _allreduce_async(hosts, names, op, prescale_factor, postscale_factor, process_set, grouped=True).wait()
-    return tensors, hosts
+    return _allreduce(tensors, "grouped_allreduce_", average, name, priority, prescale_factor, postscale_factor,
+                      process_set, op, inplace=True, grouped=True)
 
 
 # -- allgather -------------------------------------------------------------------------------------------------
@@ -180,10 +186,9 @@ def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ); a new NDArray."""
     _priority(priority)
-    host = to_numpy(tensor, "allgather")
-    result = collectives.allgather_async([host], [op_name("allgather", name, process_set)],
-                                         process_set=_set_id(process_set)).wait()
-    return from_numpy(result, tensor)
+    _check(tensor, "allgather")
+    return binding_ops.complete(binding_ops.allgather(_ADAPTER, [tensor], [op_name("allgather", name, process_set)],
+                                                      _set_id(process_set), grouped=False))
 
 
 @blocking
@@ -194,34 +199,32 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
     tensors = _tensor_list(tensors, "grouped_allgather")
     if not tensors:
         return []
-    hosts = [to_numpy(t, "grouped_allgather") for t in tensors]
-    names, _ = group_op_names("grouped_allgather", name, len(hosts), process_set)
-    results = collectives.allgather_async(hosts, names, process_set=_set_id(process_set), grouped=True).wait()
-    return [from_numpy(r, t) for r, t in zip(results, tensors)]
+    names, _ = group_op_names("grouped_allgather", name, len(tensors), process_set)
+    return binding_ops.complete(binding_ops.allgather(_ADAPTER, tensors, names, _set_id(process_set),
+                                                      grouped=True))
 
 
 # -- broadcast -------------------------------------------------------------------------------------------------
+def _broadcast(tensor: NDArray, root_rank: int, name: Optional[str], priority, process_set, what: str,
+               inplace: bool) -> NDArray:
+    _priority(priority)
+    _check(tensor, what)
+    return binding_ops.complete(binding_ops.broadcast(_ADAPTER, tensor, op_name("broadcast", name, process_set),
+                                                      root_rank, _set_id(process_set), inplace))
+
+
 @blocking
-def _broadcast_host(tensor: NDArray, root_rank: int, name: Optional[str], process_set, what: str) -> np.ndarray:
-    host = to_numpy(tensor, what)
-    collectives.broadcast_async([host], [op_name("broadcast", name, process_set)], root_rank,
-                                process_set=_set_id(process_set), outputs=[host]).wait()
-    return host
-
-
 def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Return ``root_rank``'s ``tensor`` on every rank as a new NDArray (the input is not modified)."""
-    _priority(priority)
-    return from_numpy(_broadcast_host(tensor, root_rank, name, process_set, "broadcast"), tensor)
+    return _broadcast(tensor, root_rank, name, priority, process_set, "broadcast", inplace=False)
 
 
+@blocking
 def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
                process_set: ProcessSet = global_process_set) -> NDArray:
     """In-place :func:`broadcast`: ``tensor`` receives the root's values and is returned."""
-    _priority(priority)
-    host = _broadcast_host(tensor, root_rank, name, process_set, "broadcast_")
-    return write_back(tensor, host)
+    return _broadcast(tensor, root_rank, name, priority, process_set, "broadcast_", inplace=True)
 
 
 # -- alltoall --------------------------------------------------------------------------------------------------
@@ -239,17 +242,10 @@ def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority:
         int32 NDArray on the CPU with the number of rows received from each member.
     """
     _priority(priority)
-    host = to_numpy(tensor, "alltoall")
-    split_list = None
-    if splits is not None:
-        split_list = splits.asnumpy() if isinstance(splits, NDArray) else np.asarray(splits)
-        split_list = [int(s) for s in split_list.reshape(-1)]
-    output, received = collectives.alltoall_async(host, op_name("alltoall", name, process_set), split_list,
-                                                  process_set=_set_id(process_set)).wait()
-    out = from_numpy(np.ascontiguousarray(output), tensor)
-    if splits is None:
-        return out
-    return out, mx.nd.array(np.asarray(received, dtype=np.int32), ctx=mx.cpu(), dtype=np.int32)
+    _check(tensor, "alltoall")
+    out, received = binding_ops.complete(binding_ops.alltoall(_ADAPTER, tensor, op_name("alltoall", name, process_set),
+                                                              splits, _set_id(process_set)))
+    return out if splits is None else (out, received)
 
 
 # -- reducescatter ---------------------------------------------------------------------------------------------
@@ -259,11 +255,10 @@ def reducescatter(tensor: NDArray, op: int = Average, name: Optional[str] = None
                   postscale_factor: float = 1.0) -> NDArray:
     """Reduce ``tensor`` over the set and return this rank's block of rows (lower ranks get the extra rows)."""
     _priority(priority)
-    host = to_numpy(tensor, "reducescatter")
-    result = collectives.reducescatter_async([host], [op_name("reducescatter", name, process_set)], op=op,
-                                             prescale=prescale_factor, postscale=postscale_factor,
-                                             process_set=_set_id(process_set)).wait()
-    return from_numpy(np.ascontiguousarray(result), tensor)
+    _check(tensor, "reducescatter")
+    return binding_ops.complete(binding_ops.reducescatter(
+        _ADAPTER, [tensor], [op_name("reducescatter", name, process_set)], op, prescale_factor, postscale_factor,
+        _set_id(process_set), grouped=False))
 
 
 @blocking
@@ -275,9 +270,6 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: int = Average, name: O
     tensors = _tensor_list(tensors, "grouped_reducescatter")
     if not tensors:
         return []
-    hosts = [to_numpy(t, "grouped_reducescatter") for t in tensors]
-    names, _ = group_op_names("grouped_reducescatter", name, len(hosts), process_set)
-    results = collectives.reducescatter_async(hosts, names, op=op, prescale=prescale_factor,
-                                              postscale=postscale_factor, process_set=_set_id(process_set),
-                                              grouped=True).wait()
-    return [from_numpy(np.ascontiguousarray(r), t) for r, t in zip(results, tensors)]
+    names, _ = group_op_names("grouped_reducescatter", name, len(tensors), process_set)
+    return binding_ops.complete(binding_ops.reducescatter(_ADAPTER, tensors, names, op, prescale_factor,
+                                                          postscale_factor, _set_id(process_set), grouped=True))

@@ -29,6 +29,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from horovod.common import adapter
 from horovod.common.basics import NOT_INITIALIZED
 from horovod.common.exceptions import HorovodInternalError
 from horovod.engine import ops as engine_ops
@@ -177,28 +178,26 @@ def _attended(kernel: Kernel, arrays):
 
 
 def wait(handle):
-    """Wait for an engine handle inside a kernel (the kernel's thread drives the engine meanwhile)."""
-    return handle.wait()
+    """Wait for an engine handle inside a kernel (the kernel's thread drives the engine meanwhile).
+
+    A failure surfaces as in every binding (:func:`horovod.common.adapter.collective_error`): a
+    ``HorovodInternalError``, which :func:`translate_error` turns into TF's error types.
+    """
+    return adapter.wait(handle)
 
 
 # -- dtype handling inside kernels ---------------------------------------------------------------------------
-def _c_order(array: np.ndarray) -> np.ndarray:
-    # np.ascontiguousarray would turn 0-d arrays into 1-d ones.
-    array = np.asarray(array)
-    return array if array.flags.c_contiguous else array.copy(order="C")
+# Kernels see numpy arrays (bfloat16 ones from ml_dtypes): the numpy binding's adapter is TensorFlow's too.
+_ARRAYS = adapter.ArrayAdapter()
 
 
 def engine_view(array: np.ndarray):
     """``(array for the engine, engine dtype override or None)``: bfloat16 travels as its uint16 bits."""
-    array = _c_order(array)
-    if array.dtype.name == engine_ops.BFLOAT16:
-        return array.view(np.uint16), engine_ops.BFLOAT16
-    return array, None
+    view = _ARRAYS.view(array)
+    return view.array, view.dtype
 
 
-def from_engine(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Undo :func:`engine_view` on a result (bfloat16 bits back to bfloat16)."""
-    return array if array.dtype == dtype else array.view(dtype)
+from_engine = adapter.from_storage   # undo engine_view on a result: (array, dtype) -> array in dtype
 
 
 def movable_view(array: np.ndarray):
@@ -209,10 +208,11 @@ def movable_view(array: np.ndarray):
         ``(array, dtype override, restore)`` where ``restore(result)`` gives the result in the original dtype
         and shape layout (first dimension preserved).
     """
-    array = _c_order(array)
+    array, _ = adapter.c_order(array)
+    storage, override = adapter.storage_view(array)
     name = array.dtype.name
-    if name == engine_ops.BFLOAT16:
-        return array.view(np.uint16), engine_ops.BFLOAT16, lambda r: r.view(array.dtype)
+    if override is not None:
+        return storage, override, lambda r: adapter.from_storage(r, array.dtype)
     if name in engine_ops.SUPPORTED_DTYPES:
         return array, None, lambda r: r
     if array.dtype.kind not in "biufc" or array.dtype.hasobject:
@@ -226,7 +226,7 @@ def movable_view(array: np.ndarray):
     scalar = array.ndim == 0
 
     def restore(result: np.ndarray) -> np.ndarray:
-        out = _c_order(result).view(dtype).reshape((result.shape[0],) + tuple(tail))
+        out = adapter.c_order(result)[0].view(dtype).reshape((result.shape[0],) + tuple(tail))
         return out.reshape(()) if scalar else out
 
     return as_bytes, None, restore

@@ -1,0 +1,326 @@
+"""The collectives every binding shares, written once over :class:`~horovod.common.adapter.TensorAdapter`.
+
+Each operation goes validate → view → enqueue → wrap the result: the functions below take a binding's adapter,
+turn its tensors into engine views, call :mod:`horovod.engine.collectives` and return ``(handle, finish)`` where
+``finish(raw)`` builds the binding's result once the handle completed (for in-place forms: writes staged results
+back and returns the caller's tensors).  :func:`complete` waits for such a pair (the blocking bindings: mxnet);
+:class:`HandleCollectives` puts them behind integer handles with the public signatures of ``horovod.torch``
+(``horovod.numpy`` and ``horovod.torch`` expose its bound methods as their functions).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from horovod.common import basics
+from horovod.common.adapter import TensorAdapter, overrides, raise_collective_error, wait
+from horovod.common.basics import Average
+from horovod.common.process_sets import ProcessSet, _set_id, global_process_set, group_op_names, op_name
+from horovod.common.util import handle_average_backwards_compatibility
+from horovod.engine import collectives
+from horovod.engine.collectives import blocking
+from horovod.engine.handles import Handle, HandleTable
+
+Pending = Tuple[Handle, Callable[[Any], Any]]
+
+
+def complete(pending: Pending) -> Any:
+    """Wait for ``(handle, finish)`` and return the binding's result (failures as ``collective_error`` says)."""
+    handle, finish = pending
+    return finish(wait(handle))
+
+
+# -- one function per collective: views in, (handle, finish) out ----------------------------------------------
+def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], op: int, prescale: float,
+              postscale: float, set_id: int, inplace: bool, grouped: bool) -> Pending:
+    if inplace:
+        views = [adapter.inplace_view(t) for t in tensors]
+        outputs = [v.array for v in views]
+    else:
+        views = [adapter.view(t) for t in tensors]
+        outputs = [adapter.fresh_output(v) for v in views]
+    handle = collectives.allreduce_async([v.array for v in views], names, op=op, prescale=prescale,
+                                         postscale=postscale, process_set=set_id, outputs=outputs,
+                                         dtypes=overrides(views), grouped=grouped)
+    if inplace:
+        def finish(_raw):
+            out = [adapter.finish_inplace(v) for v in views]
+            return out if grouped else out[0]
+    else:
+        def finish(_raw):
+            out = [adapter.result(o, v) for o, v in zip(outputs, views)]
+            return out if grouped else out[0]
+    return handle, finish
+
+
+def _new_results(adapter: TensorAdapter, views, grouped: bool) -> Callable[[Any], Any]:
+    """``finish`` for collectives whose engine allocates the outputs (allgather, reducescatter)."""
+    if grouped:
+        return lambda raw: [adapter.result(a, v) for a, v in zip(raw, views)]
+    view = views[0]
+    return lambda raw: adapter.result(raw, view)
+
+
+def allgather(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], set_id: int,
+              grouped: bool) -> Pending:
+    views = [adapter.view(t) for t in tensors]
+    handle = collectives.allgather_async([v.array for v in views], names, process_set=set_id,
+                                         dtypes=overrides(views), grouped=grouped)
+    return handle, _new_results(adapter, views, grouped)
+
+
+def reducescatter(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], op: int, prescale: float,
+                  postscale: float, set_id: int, grouped: bool) -> Pending:
+    views = [adapter.view(t) for t in tensors]
+    handle = collectives.reducescatter_async([v.array for v in views], names, op=op, prescale=prescale,
+                                             postscale=postscale, process_set=set_id, dtypes=overrides(views),
+                                             grouped=grouped)
+    return handle, _new_results(adapter, views, grouped)
+
+
+def broadcast(adapter: TensorAdapter, tensor: Any, name: str, root_rank: int, set_id: int,
+              inplace: bool) -> Pending:
+    view = adapter.inplace_view(tensor) if inplace else adapter.view(tensor)
+    output = view.array if inplace else adapter.fresh_output(view)
+    handle = collectives.broadcast_async([view.array], [name], root_rank, process_set=set_id, outputs=[output],
+                                         dtypes=overrides([view]))
+    if inplace:
+        return handle, lambda _raw: adapter.finish_inplace(view)
+    return handle, lambda _raw: adapter.result(output, view)
+
+
+def alltoall(adapter: TensorAdapter, tensor: Any, name: str, splits: Any, set_id: int) -> Pending:
+    """Result ``(output, received_splits)`` in the binding's types."""
+    view = adapter.view(tensor)
+    handle = collectives.alltoall_async(view.array, name, adapter.splits(splits), process_set=set_id,
+                                        dtype=view.dtype)
+
+    def finish(raw):
+        out, received = raw
+        return adapter.result(out, view), adapter.received_splits(received)
+
+    return handle, finish
+
+
+# -- lifecycle: every binding's init()/shutdown() ------------------------------------------------------------
+def init(*args, **kwargs) -> None:
+    """Start Horovod (see :func:`horovod.common.basics.init`); forgets every binding's handles of a previous run."""
+    HandleTable.clear_all()
+    basics.init(*args, **kwargs)
+
+
+def shutdown() -> None:
+    """Stop Horovod; pending operations fail and every binding's handles are forgotten.  ``init()`` may follow."""
+    basics.shutdown()
+    HandleTable.clear_all()
+
+
+# -- the integer-handle API (horovod.numpy, horovod.torch) ----------------------------------------------------
+def _collectives_of(module: str) -> "HandleCollectives":
+    return importlib.import_module(module)._collectives
+
+
+class HandleCollectives:
+    """A binding's asynchronous collectives behind integer handles, and ``poll`` / ``synchronize`` / ``init``.
+
+    One per binding module (``_collectives``), whose public functions are this object's bound methods.  All of
+    them share one handle semantics: a failed collective raises ``HorovodInternalError`` from ``synchronize``
+    (see :func:`horovod.common.adapter.collective_error`); ``poll`` of an unknown handle raises ``ValueError``
+    and ``synchronize`` of one returns ``None``; ``init()`` and ``shutdown()`` forget every binding's handles.
+    """
+
+    def __init__(self, adapter: TensorAdapter, module: str):
+        self.adapter = adapter
+        self.handles = HandleTable()
+        self._module = module
+
+    def __reduce__(self):
+        # Functions pickled by value (cloudpickle) may reference these bound methods: find them by module.
+        return _collectives_of, (self._module,)
+
+    init = staticmethod(init)
+    shutdown = staticmethod(shutdown)
+
+    # -- lifecycle and handles -------------------------------------------------------------------------------
+    def poll(self, handle: int) -> bool:
+        """True once the operation behind ``handle`` has completed; :func:`synchronize` will then not block.
+
+        Raises:
+            ValueError: ``handle`` is unknown (never issued, or already synchronized).
+        """
+        return self.handles.poll(handle)
+
+    def synchronize(self, handle: int):
+        """Wait for an asynchronous operation and return its result.
+
+        Returns:
+            The output tensor (the input tensor itself for in-place operations), a list for grouped operations,
+            ``(output, received_splits)`` for alltoall, or ``None`` for an unknown handle.
+
+        Raises:
+            HorovodInternalError: the collective failed on this or another rank (mismatched arguments across
+                ranks, a peer that died, shutdown).
+        """
+        try:
+            return self.handles.synchronize(handle)
+        except (RuntimeError, OSError) as exc:
+            raise_collective_error(exc)
+
+    def _add(self, pending: Pending) -> int:
+        return self.handles.add(*pending)
+
+    # -- allreduce -------------------------------------------------------------------------------------------
+    def _allreduce(self, tensors, names, op, average, prescale_factor, postscale_factor, process_set,
+                   inplace: bool, grouped: bool) -> int:
+        op = handle_average_backwards_compatibility(op, average)
+        return self._add(allreduce(self.adapter, tensors, names, op, prescale_factor, postscale_factor,
+                                   _set_id(process_set), inplace, grouped))
+
+    def allreduce_async(self, tensor, average=None, name: Optional[str] = None, op=None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set: ProcessSet = global_process_set) -> int:
+        """Start reducing ``tensor`` across the process set into a new tensor.
+
+        Args:
+            tensor: the tensor to reduce.
+            average: deprecated; use ``op``.
+            name: the operation's name (must match across ranks); unnamed ops are matched by issue order.
+            op: ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
+            prescale_factor: multiply the input by this before reducing.
+            postscale_factor: multiply the result by this after reducing.
+            process_set: the ranks taking part (all of them must call this).
+
+        Returns:
+            A handle for :func:`poll` / :func:`synchronize`.
+        """
+        return self._allreduce([tensor], [op_name("allreduce", name, process_set)], op, average, prescale_factor,
+                               postscale_factor, process_set, inplace=False, grouped=False)
+
+    def allreduce_async_(self, tensor, average=None, name: Optional[str] = None, op=None,
+                         prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                         process_set: ProcessSet = global_process_set) -> int:
+        """In-place :func:`allreduce_async`: the result is written into ``tensor``'s memory."""
+        return self._allreduce([tensor], [op_name("allreduce", name, process_set)], op, average, prescale_factor,
+                               postscale_factor, process_set, inplace=True, grouped=False)
+
+    @blocking
+    def allreduce_(self, tensor, average=None, name: Optional[str] = None, op=None,
+                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                   process_set: ProcessSet = global_process_set):
+        """In-place, blocking allreduce; returns ``tensor`` holding the result."""
+        return self.synchronize(self.allreduce_async_(tensor, average, name, op, prescale_factor,
+                                                      postscale_factor, process_set))
+
+    def grouped_allreduce_async(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                process_set: ProcessSet = global_process_set) -> int:
+        """Start reducing a list of tensors as one group (negotiated and fused together); results are new."""
+        names, _ = group_op_names("grouped_allreduce", name, len(tensors), process_set)
+        return self._allreduce(list(tensors), names, op, average, prescale_factor, postscale_factor, process_set,
+                               inplace=False, grouped=True)
+
+    def grouped_allreduce_async_(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
+                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                 process_set: ProcessSet = global_process_set) -> int:
+        """In-place :func:`grouped_allreduce_async`."""
+        names, _ = group_op_names("grouped_allreduce", name, len(tensors), process_set)
+        return self._allreduce(list(tensors), names, op, average, prescale_factor, postscale_factor, process_set,
+                               inplace=True, grouped=True)
+
+    @blocking
+    def grouped_allreduce_(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
+                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                           process_set: ProcessSet = global_process_set) -> list:
+        """In-place, blocking grouped allreduce; returns the input tensors holding the results."""
+        return self.synchronize(self.grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                              postscale_factor, process_set))
+
+    # -- allgather -------------------------------------------------------------------------------------------
+    def allgather_async(self, tensor, name: Optional[str] = None,
+                        process_set: ProcessSet = global_process_set) -> int:
+        """Start concatenating every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
+        return self._add(allgather(self.adapter, [tensor], [op_name("allgather", name, process_set)],
+                                   _set_id(process_set), grouped=False))
+
+    def grouped_allgather_async(self, tensors: Sequence, name: Optional[str] = None,
+                                process_set: ProcessSet = global_process_set) -> int:
+        """Start allgathering a list of tensors as one group."""
+        names, _ = group_op_names("grouped_allgather", name, len(tensors), process_set)
+        return self._add(allgather(self.adapter, list(tensors), names, _set_id(process_set), grouped=True))
+
+    # -- broadcast -------------------------------------------------------------------------------------------
+    def broadcast_async(self, tensor, root_rank: int, name: Optional[str] = None,
+                        process_set: ProcessSet = global_process_set) -> int:
+        """Start copying ``root_rank``'s ``tensor`` to every rank, into a new tensor.
+
+        ``root_rank`` is a global rank, also when a process set is given.
+        """
+        return self._add(broadcast(self.adapter, tensor, op_name("broadcast", name, process_set), root_rank,
+                                   _set_id(process_set), inplace=False))
+
+    def broadcast_async_(self, tensor, root_rank: int, name: Optional[str] = None,
+                         process_set: ProcessSet = global_process_set) -> int:
+        """In-place :func:`broadcast_async`: non-root ranks receive into ``tensor``'s memory."""
+        return self._add(broadcast(self.adapter, tensor, op_name("broadcast", name, process_set), root_rank,
+                                   _set_id(process_set), inplace=True))
+
+    @blocking
+    def broadcast_(self, tensor, root_rank: int, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set):
+        """In-place, blocking broadcast; returns ``tensor``."""
+        return self.synchronize(self.broadcast_async_(tensor, root_rank, name, process_set))
+
+    # -- alltoall / reducescatter ----------------------------------------------------------------------------
+    def alltoall_async(self, tensor, splits=None, name: Optional[str] = None,
+                       process_set: ProcessSet = global_process_set) -> int:
+        """Start sending ``splits[i]`` rows of ``tensor`` to rank ``i`` of the set and receiving theirs.
+
+        ``splits`` (a list or an int tensor, one entry per member) defaults to an equal split of dimension 0.
+        The synchronized result is ``(output, received_splits)``.
+        """
+        return self._add(alltoall(self.adapter, tensor, op_name("alltoall", name, process_set), splits,
+                                  _set_id(process_set)))
+
+    def reducescatter_async(self, tensor, name: Optional[str] = None, op=Average,
+                            process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0) -> int:
+        """Start reducing ``tensor`` (Sum or Average) and giving rank r its block of rows.
+
+        Rank r gets ``d0 // n`` rows, plus one when ``r < d0 % n`` (n = size of the process set).
+        """
+        return self._add(reducescatter(self.adapter, [tensor], [op_name("reducescatter", name, process_set)],
+                                       Average if op is None else op, prescale_factor, postscale_factor,
+                                       _set_id(process_set), grouped=False))
+
+    def grouped_reducescatter_async(self, tensors: Sequence, name: Optional[str] = None, op=Average,
+                                    process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                                    postscale_factor: float = 1.0) -> int:
+        """Start reduce-scattering a list of tensors as one group."""
+        names, _ = group_op_names("grouped_reducescatter", name, len(tensors), process_set)
+        return self._add(reducescatter(self.adapter, list(tensors), names, Average if op is None else op,
+                                       prescale_factor, postscale_factor, _set_id(process_set), grouped=True))
+
+    # -- synchronisation -------------------------------------------------------------------------------------
+    @blocking
+    def join(self, device: int = -1) -> int:
+        """Declare that this rank has no more data and wait until every rank has joined.
+
+        Until then this rank contributes zeros to the allreduces the other ranks still run (``Average`` keeps
+        dividing by the full set size).
+
+        Args:
+            device: accepted for compatibility (joins are always coordinated on the host).
+
+        Returns:
+            The rank that joined last.
+        """
+        return int(wait(collectives.join_async()))
+
+    @blocking
+    def barrier(self, process_set: ProcessSet = global_process_set) -> None:
+        """Block until every rank of the process set has reached the barrier."""
+        set_id = _set_id(process_set)
+        try:
+            collectives.barrier(set_id)
+        except (RuntimeError, OSError) as exc:
+            raise_collective_error(exc)
