@@ -133,6 +133,10 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("inline_bytes", int, 1024, "HOROVOD_INLINE_BYTES", None, None,
          "Allreduces of at most this many bytes travel with their request and are reduced by the coordinator "
          "(one round trip instead of negotiation plus a collective); 0 disables."),
+    Knob("fast_lane", bool, True, "HOROVOD_FAST_LANE", None, None,
+         "Ranks of one host agree on tiny blocking allreduces (at most HOROVOD_INLINE_BYTES and 1 KiB) through "
+         "shared memory and reduce them themselves, without the coordinator; anything else, or a mismatch, takes "
+         "the coordinator path (0 disables)."),
     Knob("spin_us", float, 100.0, "HOROVOD_SPIN_US", None, None,
          "Microseconds a rank waiting for its collective re-checks the control plane before it blocks; only when "
          "every local rank has a core of its own (0 disables)."),

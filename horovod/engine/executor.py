@@ -35,6 +35,15 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
 
 
+def deliver_inline(entry: Entry, payload: bytes, dtype: str, shape: Sequence[int]) -> np.ndarray:
+    """Write an already reduced tiny result into the entry's output (allocated when the call returns a new one)."""
+    result = np.frombuffer(payload, dtype=ops.storage_dtype(dtype))
+    if entry.output is None:
+        entry.output = result_pool.empty(shape, dtype=ops.storage_dtype(dtype))
+    np.copyto(_flat(entry.output), result, casting="no")
+    return entry.output
+
+
 def _row_elems(shape: Sequence[int]) -> int:
     return prod(shape[1:]) if len(shape) > 1 else 1
 
@@ -149,11 +158,7 @@ class Executor:
         entry = entries[0]
         if entry is None:
             return [None]
-        result = np.frombuffer(resp.payload, dtype=ops.storage_dtype(resp.dtype))
-        if entry.output is None:
-            entry.output = result_pool.empty(resp.shapes[0], dtype=ops.storage_dtype(resp.dtype))
-        np.copyto(_flat(entry.output), result, casting="no")
-        return [entry.output]
+        return [deliver_inline(entry, resp.payload, resp.dtype, resp.shapes[0])]
 
     def _adasum(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
         """Adasum by recursive doubling: partners exchange vectors and combine them scale-invariantly."""

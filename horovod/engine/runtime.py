@@ -40,6 +40,7 @@ from horovod.engine import fusion
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.executor import Executor
+from horovod.engine.fast_lane import FastLane, LaneUse
 from horovod.engine.autotune import Autotuner
 from horovod.engine.cache import CoordinatorCache, RequestCache
 from horovod.engine.handles import Entry
@@ -83,7 +84,7 @@ class ProcessSetInfo:
         return rank in self.ranks
 
 
-class Runtime(CoordinatorRole, ResponseExecution, Teardown):
+class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
     """One engine instance (one ``init()``).
 
     Args:
@@ -150,6 +151,7 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown):
         self._background_wanted = False
         # Only a waiting caller spins: the background thread must leave the GIL to the caller's computation.
         self._spinner = Spinner(default_budget_us(config.topology.local_size, config.spin_us))
+        self._lane = FastLane.open(world, config, size, self._spinner.budget_s * 1e6)
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -224,10 +226,13 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown):
                         f"still in progress on this rank. Wait for it (synchronize) or use a different name.")
                 keys.append(key)
                 seen.add(key)
+            direct = [e.request for e in entries]
+            lane_seq = self._post_on_lane(direct, attended) if self._lane is not None else 0
             for key, entry in zip(keys, entries):
                 self._inflight[key] = entry
                 entry.handle.driver = self.drive
-            direct = [e.request for e in entries]
+        if lane_seq and self._settle_on_lane(lane_seq, entries[0]):
+            return
         if self.size == 1:
             self._run_alone(direct)
             return

@@ -31,6 +31,12 @@ class Teardown:
             except PeerError:
                 pass
         self._fail_pending(ShutdownError(reason))
+        self._close_lane()
+
+    def _close_lane(self) -> None:
+        """No more fast-lane entries from this rank: the others decide its missing ones as slow."""
+        if self._lane is not None:
+            self._lane.close()
 
     def _die(self, error: BaseException, notify: bool) -> None:
         with self._lock:
@@ -83,6 +89,7 @@ class Teardown:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        self._close_lane()
         self.liveness.stop()
         if self.autotuner is not None:
             self.autotuner.close()

@@ -104,6 +104,11 @@ class Transport(abc.ABC):
     def subgroup(self, ranks: Sequence[int]) -> "Transport":
         """A transport over ``ranks`` (group ranks, sorted) of this group; the caller must be one of them."""
 
+    def lane(self, spin_us: float) -> Optional[Any]:
+        """A fast-lane board on which the ranks agree on tiny collectives without the coordinator
+        (:class:`horovod.transport.shm_lane.ShmLane`), or None where the transport has none."""
+        return None
+
     def close(self) -> None:
         """Release sockets, segments and threads.  Idempotent."""
 

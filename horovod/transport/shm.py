@@ -46,6 +46,7 @@ import numpy as np
 
 from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, TransportError, register
 from horovod.transport.shm_group import ShmGroup
+from horovod.transport.shm_lane import ShmLane
 from horovod.transport.shm_node import IO_CHUNK, LENGTH, LINE_BYTES, Node, new_segment_fd, segment_layout
 
 _TSO_MACHINES = {"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"}
@@ -87,6 +88,15 @@ class ShmTransport(ShmGroup):
     """
 
     name = "shm"
+
+    def lane(self, spin_us: float) -> Optional[ShmLane]:
+        """The fast-lane board of the world group (:mod:`horovod.transport.shm_lane`); None for a subgroup or a
+        group of one."""
+        if self is not self._node.world or self.size == 1 or not self._ready:
+            return None
+        if self.lane_board is None:
+            self.lane_board = ShmLane(self, spin_us)
+        return self.lane_board
 
     # -- collectives -------------------------------------------------------------------------------------------
 

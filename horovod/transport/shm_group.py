@@ -10,7 +10,7 @@ import mmap
 import os
 import select
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class ShmGroup(Transport):
         self._seq = 0
         self._rounds = 0
         self._free_at = [0, 0]
+        self.lane_board = None   # the world group's fast lane, once the engine asked for it (shm.py)
         self._maps: List[mmap.mmap] = []
         self._typed_cache: Dict[Tuple[np.dtype, int], List[np.ndarray]] = {}
         self._sub_cache: Dict[Tuple[np.dtype, int], List[List[np.ndarray]]] = {}
@@ -114,6 +115,10 @@ class ShmGroup(Transport):
             raise
         self._attach(fds)
 
+    def segment_maps(self) -> List[mmap.mmap]:
+        """Every member's segment, by group rank (own writable, the others read-only)."""
+        return list(self._maps)
+
     def _typed(self, dtype: np.dtype, h: int) -> List[np.ndarray]:
         views = self._typed_cache.get((dtype, h))
         if views is None:
@@ -175,19 +180,38 @@ class ShmGroup(Transport):
         self._block(target, pending)
 
     def _block(self, target: int, pending: List[int]) -> None:
-        node, seqs = self._node, self._seqs
-        deadline = time.monotonic() + node.timeout
-        while True:
-            dead = [q for q in pending if self._members[q] in node.gone]
+        seqs = self._seqs
+        pending = self.block_until(lambda: [q for q in pending if seqs[q][0] < target], self._node.timeout,
+                                   f"step {target}")
+        if pending:
+            names = ", ".join(self._node.describe(self._members[q]) for q in pending)
+            raise TransportError(
+                f"shm transport: rank {self.rank} waited {self._node.timeout:.0f} s in {self._op} for {names} "
+                f"(group rank(s) {pending}) to reach step {target}; the peer is stuck, or ranks called different "
+                f"collectives (raise the timeout if it is merely slow)", peer=pending[0])
+
+    def block_until(self, pending: Callable[[], List[int]], timeout: float, what: str,
+                    recheck_s: Optional[float] = None) -> List[int]:
+        """Sleep on this rank's wake-ups until ``pending()`` (the group ranks still awaited) is empty.
+
+        Returns ``[]`` once nothing is pending, else what is still pending when ``timeout`` seconds passed.
+        ``recheck_s`` bounds each sleep, for waits whose peers wake this rank only when they see it waiting.
+
+        Raises:
+            TransportError: an awaited peer exited (its socket hung up) while waiting for ``what``.
+        """
+        node = self._node
+        deadline = time.monotonic() + timeout
+        left = pending()
+        while left:
+            dead = [q for q in left if self._members[q] in node.gone]
             if dead:
-                self._raise_dead(dead, target)
+                self._raise_dead(dead, what)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                names = ", ".join(node.describe(self._members[q]) for q in pending)
-                raise TransportError(
-                    f"shm transport: rank {self.rank} waited {node.timeout:.0f} s in {self._op} for {names} "
-                    f"(group rank(s) {pending}) to reach step {target}; the peer is stuck, or ranks called different "
-                    f"collectives (raise the timeout if it is merely slow)", peer=pending[0])
+                return left
+            if recheck_s is not None:
+                remaining = min(remaining, recheck_s)
             for fd, ev in self._poller.poll(remaining * 1000 + 1):
                 if fd == node.wake_r:
                     try:
@@ -199,15 +223,22 @@ class ShmGroup(Transport):
                     q = self._fd_rank[fd]
                     node.gone.add(self._members[q])
                     self._poller.unregister(fd)  # a hung-up socket stays readable: never poll it again
-            pending = [q for q in pending if seqs[q][0] < target]
-            if not pending:
-                return
+            left = pending()
+        return left
 
-    def _raise_dead(self, dead: List[int], target: int) -> None:
+    def wake(self, peers: Sequence[int]) -> None:
+        """Wake the group ranks ``peers`` (each sleeping in :meth:`block_until` or a collective re-checks)."""
+        for q in peers:
+            try:
+                os.write(self._wake_fds[q if q < self.rank else q - 1], ONE)
+            except BlockingIOError:  # a full pipe already holds a wake-up
+                pass
+
+    def _raise_dead(self, dead: List[int], what: str) -> None:
         names = ", ".join(f"{self._node.describe(self._members[q])} (group rank {q})" for q in dead)
         raise TransportError(
             f"shm transport: {names} exited or was killed while rank {self.rank} waited for it in {self._op} "
-            f"(step {target}); the group cannot continue", peer=dead[0])
+            f"({what}); the group cannot continue", peer=dead[0])
 
     def subgroup(self, ranks: Sequence[int]) -> Transport:
         ranks = sorted(int(q) for q in ranks)
@@ -232,6 +263,8 @@ class ShmGroup(Transport):
         if self._closed:
             return
         self._closed = True
+        if self.lane_board is not None:
+            self.lane_board.release()
         self._typed_cache.clear()
         self._sub_cache.clear()
         self._half = self._meta = None

@@ -39,6 +39,10 @@ HELLO = struct.Struct("<QQQQ32s")  # magic, rank, segment bytes, pid, digest of 
 LENGTH = struct.Struct("<Q")  # length prefix of a message
 ONE = struct.pack("<Q", 1)  # one eventfd wake-up
 POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
+# The fast lane (horovod/transport/shm_lane.py): ten int64 counters in the header after the step counter, and two
+# payload areas in every segment (only the world group's are used).
+LANE_FIELDS = 16
+LANE_PAYLOAD_BYTES = 1024
 IO_CHUNK = 4 * MIB  # largest single socket read/write when a collective falls back to the sockets
 _LIVE_NODES: "weakref.WeakSet[Node]" = weakref.WeakSet()
 
@@ -55,6 +59,11 @@ if hasattr(os, "register_at_fork"):
 
 def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
+
+
+def lane_payload_offset(size: int) -> int:
+    """Where a segment's fast-lane payload starts: after the header and the two metadata blocks."""
+    return 128 + 2 * _round_up(8 * (size + 2), LINE_BYTES)
 
 
 def _make_wake() -> Tuple[int, int]:
@@ -96,10 +105,11 @@ def map_segment(fd: int, nbytes: int, writable: bool) -> mmap.mmap:
 def segment_layout(segment_bytes: int, size: int) -> Tuple[int, int, int, int]:
     """(metadata bytes per half, data offset, half bytes, total bytes) of a segment.
 
-    Header: step counter at 0, then one metadata block per half at 128 (a more-flag and per-peer byte counts).
+    Header: step counter at 0, the fast lane's counters at :data:`LANE_FIELDS`, then one metadata block per half
+    at 128 (a more-flag and per-peer byte counts), then the fast lane's two payloads (:func:`lane_payload_offset`).
     """
     meta = _round_up(8 * (size + 2), LINE_BYTES)
-    data_off = _round_up(128 + 2 * meta, _PAGE)
+    data_off = _round_up(lane_payload_offset(size) + 2 * LANE_PAYLOAD_BYTES, _PAGE)
     # at least one cache line per peer in the per-destination subslots of alltoallv / reducescatter
     half = max(_round_up(size * LINE_BYTES, _PAGE), segment_bytes // 2 // _PAGE * _PAGE)
     return meta, data_off, half, data_off + 2 * half

@@ -1,0 +1,236 @@
+"""The fast lane (horovod/engine/fast_lane.py): tiny blocking allreduces decided through shared memory.
+
+Every check compares with numpy on real processes over the shm transport, and reads how many proposals the lane
+decided fast, so that a lane that silently never engages (or engages where it must not) fails.
+"""
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import assert_no_failures, capture_horovod_logs, run, transport_skip_reason
+
+
+def _lane_counts():
+    from horovod.common import basics
+
+    lane = basics.runtime()._lane
+    return None if lane is None else (lane.fast, lane.slow)
+
+
+def results_worker(scenario: str) -> dict:
+    """Tiny allreduces of every dtype and op, mixed with other work; every result against numpy."""
+    import os
+    import threading
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from checks import Checks
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    checks = Checks(rank, rtol=1e-6)
+    ops = {"sum": (hvd.Sum, lambda xs: np.sum(xs, axis=0)), "min": (hvd.Min, lambda xs: np.min(xs, axis=0)),
+           "max": (hvd.Max, lambda xs: np.max(xs, axis=0)), "prod": (hvd.Product, lambda xs: np.prod(xs, axis=0)),
+           "avg": (hvd.Average, lambda xs: np.mean(xs, axis=0))}
+    dtypes = ("float32", "float64", "float16", "int32", "int64", "uint8", "int8")
+
+    def data(i, r, dtype, n):
+        return (((np.arange(n) + 3 * r + i) % 5) + 1).astype(dtype)
+
+    def round_(i, prefix=""):
+        dtype = dtypes[i % len(dtypes)]
+        label, (op, ref) = list(ops.items())[i % len(ops)]
+        if label == "avg" and dtype not in ("float32", "float64", "float16"):
+            label, (op, ref) = "sum", ops["sum"]
+        n = 1 + i % 7
+        got = hvd.allreduce(data(i, rank, dtype, n), name=f"{prefix}t{i % 11}", op=op)
+        want = ref(np.stack([data(i, r, dtype, n).astype(np.float64) for r in range(size)])).astype(dtype)
+        checks.close(got, want, f"{prefix}round {i}: {label} {dtype}[{n}]")
+
+    if scenario == "plain":
+        for i in range(300):
+            round_(i)
+        scaled = hvd.allreduce(np.full(3, rank + 1.0, np.float32), name="scaled", op=hvd.Sum, prescale_factor=0.5,
+                               postscale_factor=3.0)
+        checks.close(scaled, np.full(3, 1.5 * sum(range(1, size + 1)), np.float32), "pre- and postscale")
+        inplace = np.full(4, float(rank), np.float64)
+        hvd.allreduce_(inplace, name="inplace", op=hvd.Sum)
+        checks.close(inplace, np.full(4, float(sum(range(size)))), "in place")
+    elif scenario == "mixed":
+        # asynchronous and large collectives between tiny blocking ones: proposals while others are in flight
+        for i in range(60):
+            handle = hvd.allreduce_async(np.full(5, float(rank), np.float32), name=f"async{i}", op=hvd.Sum)
+            if rank % 2 == 0:
+                round_(i)
+                got_async = hvd.synchronize(handle)
+            else:
+                got_async = hvd.synchronize(handle)
+                round_(i)
+            checks.close(got_async, np.full(5, float(sum(range(size))), np.float32), f"async {i}")
+            if i % 20 == 0:
+                big = hvd.allreduce(np.full(300000, 1.0, np.float32), name="big", op=hvd.Sum)
+                checks.close(big[:3], np.full(3, float(size), np.float32), f"big {i}")
+                gathered = hvd.allgather(np.full((1, 2), rank, np.int64), name=f"ag{i}")
+                checks.equal(gathered, np.repeat(np.arange(size), 2).reshape(size, 2), f"allgather {i}")
+    elif scenario == "threads":
+        # two threads of every rank issue tiny blocking allreduces at the same time, under distinct names
+        workers = [threading.Thread(target=lambda p=p: [round_(i, prefix=p) for i in range(80)]) for p in "ab"]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(300)
+        checks.true(not any(w.is_alive() for w in workers), "both threads finished")
+    elif scenario == "join":
+        # the last rank joins at once; the others keep reducing; joined ranks contribute zeros
+        if rank != size - 1:
+            for i in range(30):
+                got = hvd.allreduce(np.full(2, 1.0, np.float32), name="j", op=hvd.Sum)
+                checks.close(got, np.full(2, float(size - 1), np.float32), f"with a joined rank {i}")
+        last = hvd.join()
+        checks.true(0 <= last < size - 1, f"join returns the last joiner, one of the ranks that kept going: {last}")
+        checks.close(hvd.allreduce(np.ones(1, np.float32), name="after_join", op=hvd.Sum),
+                     np.full(1, float(size), np.float32), "after everyone joined")
+    elif scenario == "subset":
+        # a process set without rank 0: the coordinator serves it, so nobody's proposal may be decided fast while
+        # it exists on rank 0... but every result stays right
+        others = hvd.add_process_set(list(range(1, size)))
+        for i in range(20):
+            round_(i)
+            if rank > 0:
+                got = hvd.allreduce(np.full(2, float(rank), np.float32), name="sub", op=hvd.Sum, process_set=others)
+                checks.close(got, np.full(2, float(sum(range(1, size))), np.float32), f"subset {i}")
+        hvd.remove_process_set(others)
+        for i in range(20):
+            round_(i, prefix="after")
+    counts = _lane_counts()
+    hvd.shutdown()
+    return {"checks": checks.report(), "lane": counts, "off": os.environ.get("HOROVOD_FAST_LANE")}
+
+
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_fast_lane_results_match_numpy_and_engage(np_):
+    if transport_skip_reason("shm"):
+        pytest.skip(transport_skip_reason("shm"))
+    results = run(results_worker, np_, "shm", args=("plain",), timeout=300)
+    assert_no_failures([r["checks"] for r in results])
+    for rank, r in enumerate(results):
+        fast, slow = r["lane"]
+        # every rank agreed on the same decisions; nearly all of the 300 tiny calls skip the coordinator
+        assert (fast, slow) == tuple(results[0]["lane"]), (rank, r["lane"], results[0]["lane"])
+        assert fast >= 250, f"rank {rank}: only {fast} of 302 tiny allreduces were decided fast ({slow} slow)"
+
+
+@pytest.mark.parametrize("scenario", ["mixed", "threads", "join", "subset"])
+@pytest.mark.parametrize("np_", [2, 3])
+def test_fast_lane_with_other_work(scenario, np_):
+    if transport_skip_reason("shm"):
+        pytest.skip(transport_skip_reason("shm"))
+    results = run(results_worker, np_, "shm", args=(scenario,), timeout=300,
+                  env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    assert_no_failures([r["checks"] for r in results])
+
+
+def test_fast_lane_off_on_one_rank_decides_everything_slow():
+    if transport_skip_reason("shm"):
+        pytest.skip(transport_skip_reason("shm"))
+    results = run(results_worker, 3, "shm", args=("plain",), timeout=300,
+                  rank_env_overrides={1: {"HOROVOD_FAST_LANE": "0"}})
+    assert_no_failures([r["checks"] for r in results])
+    assert results[1]["lane"] is None
+    for rank in (0, 2):
+        fast, slow = results[rank]["lane"]
+        assert fast == 0, (rank, results[rank]["lane"])   # its closed board keeps everyone off the lane
+
+
+def test_fast_lane_not_used_over_tcp():
+    results = run(results_worker, 2, "tcp", args=("plain",), timeout=300)
+    assert_no_failures([r["checks"] for r in results])
+    assert all(r["lane"] is None for r in results)
+
+
+def dying_peer_worker() -> dict:
+    import os
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    hvd.allreduce(np.ones(1, np.float32), name="warm")
+    if hvd.rank() == 1:
+        time.sleep(1.0)   # rank 0 is waiting on the lane by now
+        os._exit(3)
+    started = time.monotonic()
+    try:
+        hvd.allreduce(np.ones(1, np.float32), name="never")
+        out = ("no error", False, "")
+    except Exception as exc:  # noqa: BLE001
+        out = (type(exc).__name__, isinstance(exc, hvd.HorovodInternalError), str(exc))
+    return {"error": out, "seconds": time.monotonic() - started}
+
+
+def test_peer_dying_during_a_lane_wait_fails_the_waiter_naming_it():
+    if transport_skip_reason("shm"):
+        pytest.skip(transport_skip_reason("shm"))
+    results = run(dying_peer_worker, 2, "shm", timeout=120, expect_failure=True,
+                  env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "60"})
+    status, out = results[0]
+    assert status == "ok", out
+    name, internal, text = out["error"]
+    assert internal, f"{name}: {text}"
+    assert "rank 1" in text, text
+    # noticed through the peer's socket, not after the 60 s liveness timeout
+    assert out["seconds"] < 30, out
+
+
+def stalled_lane_worker(fifo_dir: str) -> dict:
+    import os
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    logs = capture_horovod_logs(wanted="has waited")
+    hvd.init()
+    hvd.allreduce(np.ones(1, np.float32), name="warm")
+    out = {}
+    if hvd.rank() == 0:
+        started = time.monotonic()
+        try:
+            hvd.allreduce(np.ones(1, np.float32), name="stalled_on_lane")
+            out["error"] = ("no error", False, "")
+        except Exception as exc:  # noqa: BLE001
+            out["error"] = (type(exc).__name__, isinstance(exc, hvd.HorovodInternalError), str(exc))
+        out["seconds"] = time.monotonic() - started
+        out["log"] = logs.text
+        with open(os.path.join(fifo_dir, "go"), "wb") as f:
+            f.write(b"go")
+    else:
+        with open(os.path.join(fifo_dir, "go"), "rb") as f:   # outside Horovod until rank 0 gave up
+            f.read()
+        try:
+            hvd.allreduce(np.ones(1, np.float32), name="stalled_on_lane")
+            out["error"] = ("no error", False, "")
+        except Exception as exc:  # noqa: BLE001
+            out["error"] = (type(exc).__name__, isinstance(exc, hvd.HorovodInternalError), str(exc))
+    hvd.shutdown()
+    return out
+
+
+def test_stall_on_the_lane_warns_then_fails_every_rank(tmp_path):
+    if transport_skip_reason("shm"):
+        pytest.skip(transport_skip_reason("shm"))
+    import os
+
+    os.mkfifo(tmp_path / "go")
+    results = run(stalled_lane_worker, 2, "shm", args=(str(tmp_path),), timeout=120,
+                  env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    name, internal, text = results[0]["error"]
+    assert name == "StallError" and internal and "stalled_on_lane" in text and "[1]" in text, (name, text)
+    assert "has waited" in results[0]["log"] and "[1]" in results[0]["log"], results[0]["log"]
+    assert results[0]["seconds"] < 30, results[0]
+    name, internal, text = results[1]["error"]
+    assert internal, (name, text)   # the engine shut down on every rank, as the original's stall shutdown does
