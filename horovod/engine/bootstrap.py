@@ -19,6 +19,7 @@ from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.runtime import JobLinks, Runtime
 from horovod.transport import sockets
+from horovod.transport.cpus import bind_process
 from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport, TransportOptions
 
 logger = logging.getLogger(__name__)
@@ -146,6 +147,8 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
         if size == 1:
             return Runtime(config, 0, 1, LocalTransport(), ControlPlane(0, 1, {}), process_sets,
                            JobLinks(store=store, epoch=epoch)).start()
+    if config.bind_cores:
+        bind_process(topo.local_rank, topo.local_size)   # before the engine starts its threads
     control = ControlPlane.connect(rank, size, store, scope + "-ctl", secret, bind_addr, timeout)
     name = choose_transport(config, mpi_comm)
     factory = _load_transport(name)

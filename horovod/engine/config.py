@@ -105,6 +105,10 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("thread_affinity", str, "", "HOROVOD_THREAD_AFFINITY", "--thread-affinity",
          "library_options.thread_affinity", "Comma-separated core ids, one per local rank, for the background "
          "thread."),
+    Knob("bind_cores", bool, False, "HOROVOD_BIND_CORES", "--bind-cores", None,
+         "Bind each worker to its own share of its host's cores (cores // workers on the host); horovodrun, "
+         "horovod.run, Spark and Ray turn it on unless you set it. Ignored when a host has more workers than cores.",
+         negatable=True),
     Knob("gloo_timeout_seconds", int, 30, "HOROVOD_GLOO_TIMEOUT_SECONDS", "--gloo-timeout-seconds",
          "library_options.gloo_timeout_seconds",
          "Seconds a transport waits on a peer before the collective fails (also bounds rendezvous)."),

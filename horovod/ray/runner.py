@@ -25,7 +25,7 @@ from horovod.ray.strategy import ColocatedStrategy, PackStrategy, Placement, wor
 from horovod.ray.worker import BaseHorovodWorker
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.job import JobSettings, job_env
-from horovod.runner.threads import set_omp_threads
+from horovod.runner.threads import set_worker_threads
 from horovod.transport.rendezvous import RendezvousServer
 
 logger = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class RayExecutor:
         for index in by_rank:
             env = dict(base)
             env.update(slots[index].env())
-            set_omp_threads(env, slots[index].local_size)
+            set_worker_threads(env, slots[index].local_size)
             if index in gpus:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[index]
             env.update({k: str(v) for k, v in extra_env_vars.items()})

@@ -19,7 +19,7 @@ from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.output import OutputSink
 from horovod.engine.teardown import CULPRIT_SCOPE
 from horovod.transport.rendezvous import MemoryStore, RendezvousServer
-from horovod.runner.threads import set_omp_threads
+from horovod.runner.threads import set_worker_threads
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def worker_specs(slots: Sequence[SlotInfo], command: Sequence[str], env: Mapping
     for slot in slots:
         worker_env = dict(env)
         worker_env.update(slot.env())
-        set_omp_threads(worker_env, slot.local_size)
+        set_worker_threads(worker_env, slot.local_size)
         stdin = None if (stdin_to_rank0 and slot.rank == 0) else subprocess.DEVNULL
         specs.append(WorkerSpec(rank=slot.rank, hostname=slot.hostname, command=list(command), env=worker_env,
                                 stdin=stdin))

@@ -5,33 +5,32 @@ the cores: on 2 cores, two ranks of the original PyTorch synthetic benchmark ran
 ``OMP_NUM_THREADS=1`` than with torch's default. Like ``torchrun``, the launcher therefore sets
 ``OMP_NUM_THREADS`` (which torch's intra-op pool follows) to the host's cores divided among its workers, unless the
 user set it, and says so once. Remote hosts are assumed to have as many cores as the launcher's.
+
+For the same reason it asks each worker to bind itself to its share of the cores (HOROVOD_BIND_CORES, see
+:mod:`horovod.engine.cpu_binding`) unless the user said otherwise; a worker works its share out on its own host.
 """
 from __future__ import annotations
 
 import logging
-import os
 from typing import MutableMapping
+
+from horovod.transport.cpus import usable_cpus
 
 logger = logging.getLogger(__name__)
 
 _announced = False
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def default_omp_threads(local_size: int) -> int:
     """Cores per worker when ``local_size`` workers share a host (at least 1)."""
-    return max(1, usable_cores() // max(1, local_size))
+    return max(1, usable_cpus() // max(1, local_size))
 
 
-def set_omp_threads(env: MutableMapping[str, str], local_size: int) -> None:
-    """Set ``OMP_NUM_THREADS`` in a worker's environment unless it is already there (then the user's value wins)."""
+def set_worker_threads(env: MutableMapping[str, str], local_size: int) -> None:
+    """Set ``OMP_NUM_THREADS`` and ``HOROVOD_BIND_CORES`` in a worker's environment unless they are already
+    there (then the user's values win)."""
     global _announced
+    env.setdefault("HOROVOD_BIND_CORES", "1")
     if "OMP_NUM_THREADS" in env:
         return
     threads = default_omp_threads(local_size)
@@ -40,4 +39,4 @@ def set_omp_threads(env: MutableMapping[str, str], local_size: int) -> None:
         _announced = True
         logger.warning("Setting OMP_NUM_THREADS=%d for each process (%d cores / %d processes per host) to keep "
                        "their thread pools from competing for the cores; set OMP_NUM_THREADS yourself to choose "
-                       "another value.", threads, usable_cores(), max(1, local_size))
+                       "another value.", threads, usable_cpus(), max(1, local_size))

@@ -26,7 +26,7 @@ from horovod.runner.hosts import HostInfo, get_host_assignments
 from horovod.runner.job import JobSettings, culprit_text, job_env
 from horovod.runner.output import OutputSink
 from horovod.runner.run_task import ERROR_SCOPE, FUNC_KEY, FUNC_SCOPE, results_by_rank, tracebacks
-from horovod.runner.threads import set_omp_threads
+from horovod.runner.threads import set_worker_threads
 import horovod.spark.driver as sd
 import horovod.spark.task_protocol as proto
 from horovod.spark.driver_output import OutputRelay
@@ -140,7 +140,7 @@ class StaticSparkJob:
         for slot, index in self._slots:
             env = dict(base)
             env.update(slot.env())
-            set_omp_threads(env, slot.local_size)
+            set_worker_threads(env, slot.local_size)
             relay.attach(str(index), slot.rank)
             store.put((proto.CMD_SCOPE, str(index)), proto.command_doc(command, env))
 

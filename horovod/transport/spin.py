@@ -8,25 +8,20 @@ there, and a spin that keeps finding nothing backs off so a slow peer does not c
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Optional, TypeVar
+
+from horovod.transport.cpus import usable_cpus
 
 T = TypeVar("T")
 
 _BACKOFF_MAX = 64  # waits that skip spinning after repeated fruitless spins
 
 
-def usable_cpus() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def default_budget_us(local_processes: int, budget_us: float) -> float:
-    """``budget_us`` when every local process has a core of its own, else 0 (never spin on a crowded host)."""
+    """``budget_us`` when every local process has a core of its own, else 0 (never spin on a crowded host).
+
+    The host's cores count, not this process's bound share of them (a bound worker has a core of its own)."""
     return budget_us if local_processes <= usable_cpus() else 0.0
 
 

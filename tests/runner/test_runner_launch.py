@@ -307,17 +307,66 @@ print("OMP", os.environ.get("OMP_NUM_THREADS"))
 
 
 def test_omp_num_threads_defaults_to_the_cores_per_worker_unless_set(hvdrun, script):
-    from horovod.runner.threads import usable_cores
+    from horovod.transport.cpus import usable_cpus
 
     path = script(OMP_WORKER)
     result = hvdrun(["-np", "2", "python", path])
     assert result.returncode == 0, result.stderr
-    expected = max(1, usable_cores() // 2)
+    expected = max(1, usable_cpus() // 2)
     assert sorted(re.findall(r"\[\d\]<stdout>:OMP (\S+)", result.stdout)) == [str(expected)] * 2, result.stdout
     assert result.stderr.count("Setting OMP_NUM_THREADS") == 1, result.stderr   # said once, not per worker
     mine = hvdrun(["-np", "2", "python", path], env=child_env(OMP_NUM_THREADS="3"))
     assert sorted(re.findall(r"\[\d\]<stdout>:OMP (\S+)", mine.stdout)) == ["3", "3"], mine.stdout
     assert "Setting OMP_NUM_THREADS" not in mine.stderr
+
+
+BINDING_WORKER = """
+import os
+import horovod.numpy as hvd
+hvd.init()
+print("CPUS", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+print("THREADS", len({frozenset(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}))
+hvd.shutdown()
+"""
+
+
+def _bound_cpus(stdout):
+    return {int(rank): [int(c) for c in cpus.split(",")]
+            for rank, cpus in re.findall(r"\[(\d+)\]<stdout>:CPUS (\S+)", stdout)}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding needs at least 2 cores")
+def test_workers_are_bound_to_disjoint_shares_of_the_cores_unless_told_not_to(hvdrun, script):
+    from horovod.transport.cpus import share_of
+
+    cpus = sorted(os.sched_getaffinity(0))
+    path = script(BINDING_WORKER)
+    result = hvdrun(["-np", "2", "python", path])
+    assert result.returncode == 0, result.stderr
+    bound = _bound_cpus(result.stdout)
+    assert bound == {0: share_of(cpus, 0, 2), 1: share_of(cpus, 1, 2)}, result.stdout
+    assert not set(bound[0]) & set(bound[1]) and len(bound[0]) == len(cpus) // 2
+    # every thread of a worker (the engine's included) is on the worker's share
+    assert re.findall(r"<stdout>:THREADS (\d+)", result.stdout) == ["1", "1"], result.stdout
+    unbound = hvdrun(["--no-bind-cores", "-np", "2", "python", path])
+    assert unbound.returncode == 0, unbound.stderr
+    assert _bound_cpus(unbound.stdout) == {0: cpus, 1: cpus}, unbound.stdout
+    mine = hvdrun(["-np", "2", "python", path], env=child_env(HOROVOD_BIND_CORES="0"))
+    assert _bound_cpus(mine.stdout) == {0: cpus, 1: cpus}, mine.stdout
+    # more workers than cores: nothing to share out, every worker keeps every core
+    crowded = hvdrun(["-np", str(len(cpus) + 1), "python", path])
+    assert crowded.returncode == 0, crowded.stderr
+    assert _bound_cpus(crowded.stdout) == {r: cpus for r in range(len(cpus) + 1)}, crowded.stdout
+
+
+def test_core_shares_are_contiguous_disjoint_and_equal():
+    from horovod.transport.cpus import share_of
+
+    assert share_of(range(8), 0, 3) == [0, 1] and share_of(range(8), 2, 3) == [4, 5]
+    assert share_of([3, 1, 7, 5], 1, 2) == [5, 7]
+    assert share_of(range(2), 0, 1) is None          # one worker: the whole host
+    assert share_of(range(2), 0, 3) is None          # more workers than cores
+    assert share_of(range(4), 4, 4) is None          # a local rank outside the host
 
 
 def test_success_exit_code_zero_and_nonzero_code_is_one(hvdrun):

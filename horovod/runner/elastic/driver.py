@@ -47,7 +47,7 @@ from horovod.runner.hosts import HostInfo, is_local_host
 from horovod.runner.job import JobSettings, job_env
 from horovod.runner.output import OutputSink
 from horovod.transport.rendezvous import MemoryStore, RendezvousServer
-from horovod.runner.threads import set_omp_threads
+from horovod.runner.threads import set_worker_threads
 
 logger = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ class ElasticDriver:
                     "HOROVOD_RANK": str(label), "HOROVOD_SIZE": str(max(label + 1, self.settings.num_proc)),
                     "HOROVOD_LOCAL_RANK": wid.rsplit(":", 1)[1], "HOROVOD_LOCAL_SIZE": str(self._slots.get(host, 1)),
                     "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"})
-        set_omp_threads(env, self._slots.get(host, 1))
+        set_worker_threads(env, self._slots.get(host, 1))
         spec = WorkerSpec(rank=label, hostname=host, command=list(self._command), env=env,
                           stdin=subprocess.DEVNULL)
         proc = self._start_worker(wid, spec)
