@@ -6,15 +6,18 @@ Usage::
     python benchmarks/latency_stages.py --calls 1000 --transport shm
 
 Each rank stamps ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, one clock for every process of the machine) at the
-stages of an 8-byte ``horovod.numpy.allreduce``: the call starts; the worker's request leaves (``send``); rank 0
-reads it (``receive``); rank 0's responses leave (``broadcast``); the worker reads them; each call returns. A
-``select`` that blocked and woke up is stamped too. The stamps come from wrapping those engine methods for the
+stages of an 8-byte ``horovod.numpy.allreduce``, once on each path such a call can take. On the *fast lane* (the
+default on one host): the call starts; the rank's entry is on the board; every rank's entry has been seen; the
+rank has reduced the payloads; the call returns. Through the *coordinator* (``HOROVOD_FAST_LANE=0``): the call
+starts; the worker's request leaves (``send``); rank 0 reads it (``receive``); rank 0's responses leave
+(``broadcast``); the worker reads them; each call returns. A ``select`` that blocked and woke up is stamped too. The stamps come from wrapping those engine methods for the
 length of the job (a diagnostic: it adds a few microseconds per stage). The table shows the median time of each
 stamp after the earlier of the two calls started, and the median call time per rank.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -26,20 +29,24 @@ from typing import Dict, List
 import numpy as np
 
 PATTERNS = {"b2b": "back to back", "compute": "1 ms compute before each"}
-STAGES = [("start", "call starts"), ("sent", "request leaves (worker)"), ("select_woke", "blocked select wakes"),
-          ("received", "control message read"), ("resp_sent", "responses leave (rank 0)"), ("end", "call returns")]
+PATHS = {"lane": ("fast lane", "1"), "coordinator": ("coordinator, HOROVOD_FAST_LANE=0", "0")}
+STAGES = [("start", "call starts"), ("posted", "entry on the lane board"), ("decided", "every rank's entry seen"),
+          ("reduced", "payloads reduced"), ("sent", "request leaves (worker)"),
+          ("select_woke", "blocked select wakes"), ("received", "control message read"),
+          ("resp_sent", "responses leave (rank 0)"), ("end", "call returns")]
 
 
 def worker(pattern: str, calls: int, out: str) -> None:
     import horovod.numpy as hvd
     from horovod.common import basics
-    from horovod.engine import controller
+    from horovod.engine import controller, fast_lane
+    from horovod.transport import shm_lane
 
     clock = time.perf_counter_ns
     current: Dict[str, int] = {}
 
-    def stamp_around(cls, name: str, label: str, after: bool) -> None:
-        original = getattr(cls, name)
+    def stamp_around(owner, name: str, label: str, after: bool) -> None:
+        original = getattr(owner, name)
 
         def stamped(*args, **kwargs):
             if not after:
@@ -48,8 +55,19 @@ def worker(pattern: str, calls: int, out: str) -> None:
             if after:
                 current.setdefault(label, clock())
             return result
-        setattr(cls, name, stamped)
+        setattr(owner, name, stamped)
 
+    def stamp_decided(original):
+        def decide(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if result[0]:
+                current.setdefault("decided", clock())
+            return result
+        return decide
+
+    stamp_around(shm_lane.ShmLane, "post_fast", "posted", after=True)
+    shm_lane.ShmLane.decide = stamp_decided(shm_lane.ShmLane.decide)
+    stamp_around(fast_lane, "reduce_inline", "reduced", after=True)
     stamp_around(controller.ControlPlane, "send", "sent", after=False)
     stamp_around(controller.ControlPlane, "broadcast", "resp_sent", after=False)
     stamp_around(controller.ControlPlane, "receive", "received", after=True)
@@ -110,17 +128,19 @@ def main() -> int:
           f"{os.getloadavg()[0]:.2f}\n")
     print("Median microseconds after the earlier rank's call started (rank 0 is the coordinator).\n")
     with tempfile.TemporaryDirectory() as tmp:
-        for pattern, label in PATTERNS.items():
-            out = os.path.join(tmp, pattern)
-            env = dict(os.environ, HOROVOD_TRANSPORT=args.transport)
+        for (path, (path_label, lane)), (pattern, label) in itertools.product(PATHS.items(), PATTERNS.items()):
+            out = os.path.join(tmp, f"{path}-{pattern}")
+            env = dict(os.environ, HOROVOD_TRANSPORT=args.transport, HOROVOD_FAST_LANE=lane)
             subprocess.run([sys.executable, "-m", "horovod.runner", "-np", "2", sys.executable, __file__,
                             "--worker", pattern, str(args.calls), out], env=env, check=True, timeout=600,
                            stdout=subprocess.DEVNULL)
             res = analyse(out)
-            print(f"## {label}\n")
+            print(f"## {path_label}: {label}\n")
             print("| stage | rank 0 | rank 1 |")
             print("| --- | ---: | ---: |")
             for key, text in STAGES:
+                if not any(f"{who}|{key}" in res["rows"] for who in ("rank 0", "rank 1")):
+                    continue
                 cells = []
                 for who in ("rank 0", "rank 1"):
                     value = res["rows"].get(f"{who}|{key}")

@@ -1,7 +1,7 @@
 """Training throughput: horovod.torch DistributedOptimizer vs torch DistributedDataParallel on Gloo.
 
     python benchmarks/torch_training.py                       # np = 2, both models
-    python benchmarks/torch_training.py --np 2 --blocks 8 --block-steps 10 --models mlp
+    python benchmarks/torch_training.py --np 2 --blocks 8 --block-steps 10 --models mlp --no-scaling
 
 One ``horovodrun`` job runs both contenders in the same processes: every rank starts Horovod *and* a Gloo
 ``torch.distributed`` process group, builds two identical copies of the model (one with
@@ -9,7 +9,8 @@ One ``horovodrun`` job runs both contenders in the same processes: every rank st
 steps between them (hvd, ddp, ddp, hvd, hvd, ddp, ...).  Same data, optimizer, threads and processes; a busy
 machine slows both alike, so the comparison survives noise that separate runs would not.  Each block is timed
 between barriers; the table reports the median samples/s of each side and the CPU time per step (all threads of
-rank 0, which includes each library's background threads).  Prints a table; asserts nothing.
+rank 0, which includes each library's background threads).  A second job of one process then gives the scaling
+table (weak scaling: samples/s at np ÷ (np × samples/s of one process)).  Prints tables; asserts nothing.
 """
 from __future__ import annotations
 
@@ -103,17 +104,10 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _launch.add_training_args(parser, models="smallcnn,mlp,deepmlp", blocks=8, block_steps=10, timeout=900,
-                              framework="torch", order="alternating")
-    args = parser.parse_args(argv)
-    _launch.resolve_threads(args)
-    if args.worker:
-        return worker(args)
-
+def run_job(args, np_: int) -> dict:
+    """One job of ``np_`` ranks running every model on both sides; rank 0's results."""
     env = _launch.repo_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_launch.free_port())})
-    cmd = _launch.horovodrun_cmd(args.np, [
+    cmd = _launch.horovodrun_cmd(np_, [
         sys.executable, os.path.abspath(__file__), "--worker", "--models", args.models, "--batch-size",
         str(args.batch_size), "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), "--warmup",
         str(args.warmup), "--threads", str(args.threads)])
@@ -121,9 +115,34 @@ def main(argv=None) -> None:
     proc = _launch.run_job(cmd, env, args.timeout)
     line = next((ln for ln in proc.stdout.splitlines() if RESULT_TAG in ln), None)
     if not proc.ok or line is None:
-        raise SystemExit(f"benchmark job failed: {proc.describe()}")
-    results = json.loads(line.split(RESULT_TAG, 1)[1])
+        raise SystemExit(f"benchmark job (np={np_}) failed: {proc.describe()}")
+    return json.loads(line.split(RESULT_TAG, 1)[1])
 
+
+def print_scaling(results: dict, alone: dict, np_: int) -> None:
+    """Weak scaling: np ranks against one process with the same threads and batch per rank."""
+    print(f"\nScaling: np={np_} against one process (same batch and torch threads per process); efficiency = "
+          f"samples/s at np={np_} ÷ ({np_} × samples/s of one process)\n")
+    print("| model    | side          | 1 process samples/s | np samples/s | efficiency |")
+    print("|----------|---------------|--------------------:|-------------:|-----------:|")
+    for model, res in results.items():
+        for side, label in (("horovod", "horovod.torch"), ("ddp", "DDP+Gloo")):
+            one, many = alone[model][side]["samples_per_sec"], res[side]["samples_per_sec"]
+            print(f"| {model:<8} | {label:<13} | {one:>19.1f} | {many:>12.1f} | {many / (np_ * one):>9.0%} |")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _launch.add_training_args(parser, models="smallcnn,mlp,deepmlp", blocks=8, block_steps=10, timeout=900,
+                              framework="torch", order="alternating")
+    parser.add_argument("--no-scaling", dest="scaling", action="store_false",
+                        help="skip the one-process run that the scaling table compares against")
+    args = parser.parse_args(argv)
+    _launch.resolve_threads(args)
+    if args.worker:
+        return worker(args)
+
+    results = run_job(args, args.np)
     print(f"\nnp={args.np}, batch {args.batch_size}/rank, {args.blocks} alternating blocks of {args.block_steps} "
           f"steps per side (+{args.warmup} warm-up), {args.threads} torch thread(s)/rank, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
@@ -138,6 +157,8 @@ def main(argv=None) -> None:
               f"{d['cpu_ms_per_step']:>15.1f} |")
     print("\nper-block samples/s: " + json.dumps({m: {s: [round(v) for v in r[s]["blocks"]] for s in r}
                                                   for m, r in results.items()}))
+    if args.scaling and args.np > 1:
+        print_scaling(results, run_job(args, 1), args.np)
 
 
 if __name__ == "__main__":
