@@ -26,7 +26,7 @@ What is measured (float32, sum where there is a reduction):
   each per round, so machine noise hits them alike.  Every implementation's result is checked once against
   numpy at every size before it is timed; a wrong result is reported as WRONG, never as a speed.
 * the numpy copy ceiling: ``np.copyto`` on one core at the same sizes.
-* latency of one 8-byte allreduce at np = 2 (median and p90 per call, engine negotiation included).
+* latency of one 8-byte allreduce at every world size (median and p90 per call, engine negotiation included).
 * tensor fusion: 1,000 allreduces of 4 KiB issued asynchronously then synchronized, with the default
   ``HOROVOD_FUSION_THRESHOLD`` and with 0 (alternating re-initialisations of the engine inside one job).
 * memory: peak RSS per rank during a 64 MiB allreduce, minus the RSS before it (the tensor is already
@@ -976,29 +976,31 @@ def render(args, res: Results, memcpy: Dict[int, float], info: Dict[str, str], f
     lat = res.kinds("latency")
     if lat:
         add("")
-        add("## Latency: one 8-byte float32 allreduce, np = 2")
+        add("## Latency: one 8-byte float32 allreduce")
         add("")
         add("Patterns: *back to back* (a tight loop); *barrier before each* (ranks line up first); *1 ms compute "
             "before each* (every rank sleeps 1 ms before each call, as a training step computes between "
             "collectives). Only the call is timed. The *wake-up probe* row is the machine's floor for the last "
-            "pattern: two processes ping-pong one byte over a Unix socket after the same 1 ms sleep.")
+            "pattern at np = 2: two processes ping-pong one byte over a Unix socket after the same 1 ms sleep.")
         add("")
         rows = []
-        for pattern in LATENCY_PATTERNS:
-            for impl in present + [i for i in ORDER if i not in present]:
-                for r in lat:
-                    if r["impl"] != impl or r.get("pattern", LATENCY_PATTERNS[0]) != pattern:
-                        continue
-                    if "median_s" in r:
-                        rows.append([pattern, LABELS[impl], _fmt_time(r["median_s"]), _fmt_time(r["p90_s"]),
-                                     _fmt_time(r["mean_s"]), str(r["iters"])])
-                    else:
-                        rows.append([pattern, LABELS[impl], "WRONG" if r.get("wrong") else "error",
-                                     r.get("error", "")[:80], "", ""])
-        for r in res.kinds("wakeup"):
-            rows.append([LATENCY_PATTERNS[2], "wake-up probe (floor)", _fmt_time(r["median_s"]),
-                         _fmt_time(r["p90_s"]), _fmt_time(r["mean_s"]), str(r["iters"])])
-        lines += _table(["pattern", "implementation", "median", "p90", "mean", "calls"], rows)
+        for np_ in sorted({r["np"] for r in lat}):
+            for pattern in LATENCY_PATTERNS:
+                for impl in present + [i for i in ORDER if i not in present]:
+                    for r in lat:
+                        if r["impl"] != impl or r["np"] != np_ or r.get("pattern", LATENCY_PATTERNS[0]) != pattern:
+                            continue
+                        if "median_s" in r:
+                            rows.append([str(np_), pattern, LABELS[impl], _fmt_time(r["median_s"]),
+                                         _fmt_time(r["p90_s"]), _fmt_time(r["mean_s"]), str(r["iters"])])
+                        else:
+                            rows.append([str(np_), pattern, LABELS[impl], "WRONG" if r.get("wrong") else "error",
+                                         r.get("error", "")[:80], "", ""])
+                if pattern == LATENCY_PATTERNS[2]:
+                    rows += [[str(np_), pattern, "wake-up probe (floor)", _fmt_time(r["median_s"]),
+                              _fmt_time(r["p90_s"]), _fmt_time(r["mean_s"]), str(r["iters"])]
+                             for r in res.kinds("wakeup") if r["np"] == np_]
+        lines += _table(["np", "pattern", "implementation", "median", "p90", "mean", "calls"], rows)
 
     # -- fusion
     fus = res.kinds("fusion")
@@ -1276,7 +1278,7 @@ def _drive(args, tmp: str, info: Dict[str, str], transports: List[str], primary:
     if "latency" not in skip and 2 in args.np:
         runner.records.append(wakeup_probe(max(50, args.lat_iters // 4)))
     for np_ in args.np:
-        phases = [p for p in ("sweep", "latency", "fusion") if p not in skip and (np_ == 2 or p == "sweep")]
+        phases = [p for p in ("sweep", "latency", "fusion") if p not in skip and (np_ == 2 or p != "fusion")]
         # the primary engine job (with Gloo in the same processes), then Open MPI, then the other transports
         for i, transport in enumerate(transports):
             job_phases = [p for p in phases if p != "fusion" or i == 0]
