@@ -107,7 +107,8 @@ KNOBS: Tuple[Knob, ...] = (
          "thread."),
     Knob("bind_cores", bool, False, "HOROVOD_BIND_CORES", "--bind-cores", None,
          "Bind each worker to its own share of its host's cores (cores // workers on the host); horovodrun, "
-         "horovod.run, Spark and Ray turn it on unless you set it. Ignored when a host has more workers than cores.",
+         "horovod.run, Spark and Ray turn it on unless you set it (or set OMP_NUM_THREADS above that share). "
+         "Ignored when a host has more workers than cores.",
          negatable=True),
     Knob("gloo_timeout_seconds", int, 30, "HOROVOD_GLOO_TIMEOUT_SECONDS", "--gloo-timeout-seconds",
          "library_options.gloo_timeout_seconds",

@@ -28,15 +28,23 @@ def default_omp_threads(local_size: int) -> int:
 
 def set_worker_threads(env: MutableMapping[str, str], local_size: int) -> None:
     """Set ``OMP_NUM_THREADS`` and ``HOROVOD_BIND_CORES`` in a worker's environment unless they are already
-    there (then the user's values win)."""
+    there (then the user's values win).
+
+    Binding is asked for only when the worker's threads fit its share: a user who set more OMP threads than
+    ``cores // local_size`` keeps every core."""
     global _announced
-    env.setdefault("HOROVOD_BIND_CORES", "1")
+    share = default_omp_threads(local_size)
+    if "HOROVOD_BIND_CORES" not in env:
+        try:
+            fits = int(env.get("OMP_NUM_THREADS", share)) <= share
+        except ValueError:
+            fits = False
+        env["HOROVOD_BIND_CORES"] = "1" if fits else "0"
     if "OMP_NUM_THREADS" in env:
         return
-    threads = default_omp_threads(local_size)
-    env["OMP_NUM_THREADS"] = str(threads)
+    env["OMP_NUM_THREADS"] = str(share)
     if not _announced:
         _announced = True
         logger.warning("Setting OMP_NUM_THREADS=%d for each process (%d cores / %d processes per host) to keep "
                        "their thread pools from competing for the cores; set OMP_NUM_THREADS yourself to choose "
-                       "another value.", threads, usable_cpus(), max(1, local_size))
+                       "another value.", share, usable_cpus(), max(1, local_size))

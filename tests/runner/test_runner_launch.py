@@ -353,6 +353,11 @@ def test_workers_are_bound_to_disjoint_shares_of_the_cores_unless_told_not_to(hv
     assert _bound_cpus(unbound.stdout) == {0: cpus, 1: cpus}, unbound.stdout
     mine = hvdrun(["-np", "2", "python", path], env=child_env(HOROVOD_BIND_CORES="0"))
     assert _bound_cpus(mine.stdout) == {0: cpus, 1: cpus}, mine.stdout
+    # the user's thread pools would not fit a share: every core stays theirs; threads that fit: bound
+    wide = hvdrun(["-np", "2", "python", path], env=child_env(OMP_NUM_THREADS=str(len(cpus))))
+    assert _bound_cpus(wide.stdout) == {0: cpus, 1: cpus}, wide.stdout
+    narrow = hvdrun(["-np", "2", "python", path], env=child_env(OMP_NUM_THREADS="1"))
+    assert _bound_cpus(narrow.stdout) == bound, narrow.stdout
     # more workers than cores: nothing to share out, every worker keeps every core
     crowded = hvdrun(["-np", str(len(cpus) + 1), "python", path])
     assert crowded.returncode == 0, crowded.stderr
