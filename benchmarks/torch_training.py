@@ -10,7 +10,9 @@ steps between them (hvd, ddp, ddp, hvd, hvd, ddp, ...).  Same data, optimizer, t
 machine slows both alike, so the comparison survives noise that separate runs would not.  Each block is timed
 between barriers; the table reports the median samples/s of each side and the CPU time per step (all threads of
 rank 0, which includes each library's background threads).  A second job of one process then gives the scaling
-table (weak scaling: samples/s at np ÷ (np × samples/s of one process)).  Prints tables; asserts nothing.
+table (weak scaling: samples/s at np ÷ (np × samples/s of one process)); ``--threads-effect`` adds a job with
+torch's own thread default (every rank sizes its pool for the whole host) against the launcher's.  Prints tables;
+asserts nothing.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,7 +77,11 @@ def worker(args) -> None:
         hvd.broadcast_parameters(hvd_model.state_dict(), root_rank=0)
         ddp_model = torch.nn.parallel.DistributedDataParallel(build(model_name))
         ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
-        sides = {"horovod": (hvd_model, hvd_opt), "ddp": (ddp_model, ddp_opt)}
+        # "local": the same model and optimizer with no communication at all, in the same processes: what the
+        # machine gives np ranks that compute side by side (the ceiling of any data-parallel library here)
+        local_model = build(model_name)
+        local_opt = torch.optim.SGD(local_model.parameters(), lr=0.01, momentum=0.9)
+        sides = {"horovod": (hvd_model, hvd_opt), "ddp": (ddp_model, ddp_opt), "local": (local_model, local_opt)}
 
         def run_steps(side: str, steps: int) -> None:
             model, opt = sides[side]
@@ -88,7 +95,7 @@ def worker(args) -> None:
         rates = {side: [] for side in sides}
         cpu = {side: 0.0 for side in sides}
         for block in range(args.blocks):
-            order = ["horovod", "ddp"] if block % 2 == 0 else ["ddp", "horovod"]
+            order = ["horovod", "ddp", "local"] if block % 2 == 0 else ["local", "ddp", "horovod"]
             for side in order:
                 dist.barrier()
                 wall, proc = time.perf_counter(), time.process_time()
@@ -104,13 +111,15 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def run_job(args, np_: int) -> dict:
-    """One job of ``np_`` ranks running every model on both sides; rank 0's results."""
-    env = _launch.repo_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_launch.free_port())})
+def run_job(args, np_: int, threads: int = 0, env_extra: Optional[dict] = None) -> dict:
+    """One job of ``np_`` ranks running every model on both sides (``threads`` torch threads per rank, default
+    ``--threads``); rank 0's results."""
+    env = _launch.repo_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_launch.free_port()),
+                            **(env_extra or {})})
     cmd = _launch.horovodrun_cmd(np_, [
         sys.executable, os.path.abspath(__file__), "--worker", "--models", args.models, "--batch-size",
         str(args.batch_size), "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), "--warmup",
-        str(args.warmup), "--threads", str(args.threads)])
+        str(args.warmup), "--threads", str(threads or args.threads)])
     # run_job kills the whole job (launcher and ranks) on timeout
     proc = _launch.run_job(cmd, env, args.timeout)
     line = next((ln for ln in proc.stdout.splitlines() if RESULT_TAG in ln), None)
@@ -120,15 +129,36 @@ def run_job(args, np_: int) -> dict:
 
 
 def print_scaling(results: dict, alone: dict, np_: int) -> None:
-    """Weak scaling: np ranks against one process with the same threads and batch per rank."""
-    print(f"\nScaling: np={np_} against one process (same batch and torch threads per process); efficiency = "
-          f"samples/s at np={np_} ÷ ({np_} × samples/s of one process)\n")
-    print("| model    | side          | 1 process samples/s | np samples/s | efficiency |")
-    print("|----------|---------------|--------------------:|-------------:|-----------:|")
+    """Weak scaling: np ranks against one process, and against np ranks that compute without communicating."""
+    print(f"\nScaling at np={np_} (same batch and torch threads per process). *vs 1 process* = samples/s ÷ "
+          f"({np_} × one process's samples/s; the mean of the sides there, which all do the same work alone); "
+          f"*vs no communication* = samples/s ÷ the same ranks training without any collective, in the same "
+          f"job (the machine's own ceiling for {np_} processes)\n")
+    print("| model    | side             | np samples/s | vs 1 process | vs no communication |")
+    print("|----------|------------------|-------------:|-------------:|--------------------:|")
+    for model, res in results.items():
+        one = statistics.mean(alone[model][side]["samples_per_sec"] for side in alone[model])
+        ceiling = res["local"]["samples_per_sec"]
+        for side, label in (("horovod", "horovod.torch"), ("ddp", "DDP+Gloo"), ("local", "no communication")):
+            many = res[side]["samples_per_sec"]
+            print(f"| {model:<8} | {label:<16} | {many:>12.1f} | {many / (np_ * one):>11.0%} | "
+                  f"{many / ceiling:>18.0%} |")
+    print("\none process, samples/s: " + json.dumps({m: {s: round(r[s]["samples_per_sec"]) for s in r}
+                                                     for m, r in alone.items()}))
+
+
+def print_threads_effect(results: dict, crowded: dict, args) -> None:
+    """The launcher's thread default against torch's own (every rank sizing its pool for the whole host)."""
+    cores = os.cpu_count() or 1
+    print(f"\nThreads: {args.threads} torch thread(s) per rank (the launcher's OMP_NUM_THREADS default, workers "
+          f"bound to their cores) against {cores} per rank (torch's default when OMP_NUM_THREADS is unset; "
+          f"unbound), np={args.np}\n")
+    print("| model    | side          | default threads samples/s | torch's default samples/s | speed-up |")
+    print("|----------|---------------|--------------------------:|--------------------------:|---------:|")
     for model, res in results.items():
         for side, label in (("horovod", "horovod.torch"), ("ddp", "DDP+Gloo")):
-            one, many = alone[model][side]["samples_per_sec"], res[side]["samples_per_sec"]
-            print(f"| {model:<8} | {label:<13} | {one:>19.1f} | {many:>12.1f} | {many / (np_ * one):>9.0%} |")
+            ours, theirs = res[side]["samples_per_sec"], crowded[model][side]["samples_per_sec"]
+            print(f"| {model:<8} | {label:<13} | {ours:>25.1f} | {theirs:>25.1f} | {ours / theirs:>7.2f}× |")
 
 
 def main(argv=None) -> None:
@@ -137,6 +167,9 @@ def main(argv=None) -> None:
                               framework="torch", order="alternating")
     parser.add_argument("--no-scaling", dest="scaling", action="store_false",
                         help="skip the one-process run that the scaling table compares against")
+    parser.add_argument("--threads-effect", action="store_true",
+                        help="also run with torch's default threads (all cores per rank) to show what the "
+                             "launcher's OMP_NUM_THREADS default is worth")
     args = parser.parse_args(argv)
     _launch.resolve_threads(args)
     if args.worker:
@@ -159,6 +192,10 @@ def main(argv=None) -> None:
                                                   for m, r in results.items()}))
     if args.scaling and args.np > 1:
         print_scaling(results, run_job(args, 1), args.np)
+    if args.threads_effect:
+        cores = os.cpu_count() or 1
+        crowded = run_job(args, args.np, threads=cores, env_extra={"OMP_NUM_THREADS": str(cores)})
+        print_threads_effect(results, crowded, args)
 
 
 if __name__ == "__main__":
