@@ -152,7 +152,6 @@ class FastLane:
         return digest
 
 
-
 class LaneUse:
     """The runtime's side of the lane: posting every request, deciding a proposal (a mixin of
     :class:`horovod.engine.runtime.Runtime`)."""

@@ -7,7 +7,7 @@ the cores: on 2 cores, two ranks of the original PyTorch synthetic benchmark ran
 user set it, and says so once. Remote hosts are assumed to have as many cores as the launcher's.
 
 For the same reason it asks each worker to bind itself to its share of the cores (HOROVOD_BIND_CORES, see
-:mod:`horovod.engine.cpu_binding`) unless the user said otherwise; a worker works its share out on its own host.
+:mod:`horovod.transport.cpus`) unless the user said otherwise; a worker works its share out on its own host.
 """
 from __future__ import annotations
 

@@ -22,6 +22,15 @@ from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, LINE_BYTES, MAGI
 logger = logging.getLogger(__name__)
 
 
+def _write_wakes(fds: Sequence[int]) -> None:
+    """One wake-up to each of ``fds`` (peers' eventfds or pipes)."""
+    for fd in fds:
+        try:
+            os.write(fd, ONE)
+        except BlockingIOError:  # a full pipe already holds a wake-up
+            pass
+
+
 class ShmGroup(Transport):
     """Memory, progress and teardown of one group of local ranks (the collectives are the subclass's).
 
@@ -148,11 +157,7 @@ class ShmGroup(Transport):
         """Publish that this rank passed the next protocol point, and wake the peers."""
         s = self._seq = self._seq + 1
         self._my_seq[0] = s
-        for fd in self._wake_fds:
-            try:
-                os.write(fd, ONE)
-            except BlockingIOError:  # a full pipe already holds a wake-up
-                pass
+        _write_wakes(self._wake_fds)
         return s
 
     def _next_half(self, write: bool) -> int:
@@ -228,11 +233,7 @@ class ShmGroup(Transport):
 
     def wake(self, peers: Sequence[int]) -> None:
         """Wake the group ranks ``peers`` (each sleeping in :meth:`block_until` or a collective re-checks)."""
-        for q in peers:
-            try:
-                os.write(self._wake_fds[q if q < self.rank else q - 1], ONE)
-            except BlockingIOError:  # a full pipe already holds a wake-up
-                pass
+        _write_wakes([self._wake_fds[q if q < self.rank else q - 1] for q in peers])
 
     def _raise_dead(self, dead: List[int], what: str) -> None:
         names = ", ".join(f"{self._node.describe(self._members[q])} (group rank {q})" for q in dead)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from horovod.transport.shm_group import ShmGroup
-from horovod.transport.shm_node import LANE_FIELDS, LANE_PAYLOAD_BYTES, lane_payload_offset
+from horovod.transport.shm_node import LANE_FIELD_COUNT, LANE_FIELDS, LANE_PAYLOAD_BYTES, lane_payload_offset
 from horovod.transport.spin import Spinner
 
 POSTED, CLOSED, DONE, WAITING = range(4)
@@ -50,7 +50,7 @@ class ShmLane:
         self._group = group
         self.rank, self.size = group.rank, group.size
         maps = group.segment_maps()
-        self._fields = [memoryview(m)[LANE_FIELDS:LANE_FIELDS + 80].cast("q") for m in maps]
+        self._fields = [memoryview(m)[LANE_FIELDS:LANE_FIELDS + 8 * LANE_FIELD_COUNT].cast("q") for m in maps]
         off = lane_payload_offset(self.size)
         self._payloads = [[memoryview(m)[off + k * LANE_PAYLOAD_BYTES:off + (k + 1) * LANE_PAYLOAD_BYTES]
                            for k in (0, 1)] for m in maps]
@@ -95,7 +95,7 @@ class ShmLane:
         self._wake_sleepers()
         return seq
 
-    def decide(self, seq: int, timeout: Optional[float]) -> Tuple[bool, Optional[List[bytes]]]:
+    def decide(self, seq: int, timeout: float) -> Tuple[bool, Optional[List[bytes]]]:
         """Wait up to ``timeout`` seconds for every rank's entry ``seq`` (this rank's own fast one).
 
         Returns ``(False, None)`` when not every entry arrived in time, else ``(True, payloads)`` with every rank's
@@ -146,8 +146,8 @@ class ShmLane:
 
     # -- waiting ---------------------------------------------------------------------------------------------
 
-    def _await(self, pending, timeout: Optional[float]) -> List[int]:
-        """Spin, then sleep until ``pending()`` is empty; what is still pending after ``timeout`` (None: for ever)."""
+    def _await(self, pending, timeout: float) -> List[int]:
+        """Spin, then sleep until ``pending()`` is empty; what is still pending after ``timeout`` seconds."""
         left = pending()
         if not left:
             return left
@@ -156,8 +156,7 @@ class ShmLane:
         own = self._own
         own[WAITING] = 1
         try:
-            return self._group.block_until(pending, float("inf") if timeout is None else timeout, "the fast lane",
-                                           recheck_s=RECHECK_S)
+            return self._group.block_until(pending, timeout, "the fast lane", recheck_s=RECHECK_S)
         finally:
             own[WAITING] = 0
 

@@ -39,9 +39,11 @@ HELLO = struct.Struct("<QQQQ32s")  # magic, rank, segment bytes, pid, digest of 
 LENGTH = struct.Struct("<Q")  # length prefix of a message
 ONE = struct.pack("<Q", 1)  # one eventfd wake-up
 POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
-# The fast lane (horovod/transport/shm_lane.py): ten int64 counters in the header after the step counter, and two
-# payload areas in every segment (only the world group's are used).
+# The fast lane (horovod/transport/shm_lane.py): LANE_FIELD_COUNT int64 counters at byte LANE_FIELDS of the header
+# (after the step counter, before the metadata at 128), and two payload areas in every segment (only the world
+# group's are used).
 LANE_FIELDS = 16
+LANE_FIELD_COUNT = 10
 LANE_PAYLOAD_BYTES = 1024
 IO_CHUNK = 4 * MIB  # largest single socket read/write when a collective falls back to the sockets
 _LIVE_NODES: "weakref.WeakSet[Node]" = weakref.WeakSet()
