@@ -120,6 +120,14 @@ def _collectives_of(module: str) -> "HandleCollectives":
     return importlib.import_module(module)._collectives
 
 
+#: The methods a handle-based binding module (``horovod.numpy``, ``horovod.torch``) exposes as its functions.
+MODULE_FUNCTIONS = (
+    "init", "shutdown", "poll", "synchronize", "allreduce_async", "allreduce_async_", "allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_allreduce_", "allgather_async",
+    "grouped_allgather_async", "broadcast_async", "broadcast_async_", "broadcast_", "alltoall_async",
+    "reducescatter_async", "grouped_reducescatter_async", "join", "barrier")
+
+
 class HandleCollectives:
     """A binding's asynchronous collectives behind integer handles, and ``poll`` / ``synchronize`` / ``init``.
 
@@ -140,6 +148,11 @@ class HandleCollectives:
 
     init = staticmethod(init)
     shutdown = staticmethod(shutdown)
+
+    def export(self, namespace: dict) -> None:
+        """Make :data:`MODULE_FUNCTIONS` functions of the binding module whose ``globals()`` is ``namespace``."""
+        for name in MODULE_FUNCTIONS:
+            namespace[name] = getattr(self, name)
 
     # -- lifecycle and handles -------------------------------------------------------------------------------
     def poll(self, handle: int) -> bool:

@@ -29,26 +29,7 @@ from horovod.engine.collectives import blocking
 # of ml_dtypes as their bits, non-contiguous inputs copied, in-place forms refuse what they cannot write into).
 _collectives = HandleCollectives(ArrayAdapter(), __name__)
 
-init = _collectives.init
-shutdown = _collectives.shutdown
-poll = _collectives.poll
-synchronize = _collectives.synchronize
-allreduce_async = _collectives.allreduce_async
-allreduce_async_ = _collectives.allreduce_async_
-allreduce_ = _collectives.allreduce_
-grouped_allreduce_async = _collectives.grouped_allreduce_async
-grouped_allreduce_async_ = _collectives.grouped_allreduce_async_
-grouped_allreduce_ = _collectives.grouped_allreduce_
-allgather_async = _collectives.allgather_async
-grouped_allgather_async = _collectives.grouped_allgather_async
-broadcast_async = _collectives.broadcast_async
-broadcast_async_ = _collectives.broadcast_async_
-broadcast_ = _collectives.broadcast_
-alltoall_async = _collectives.alltoall_async
-reducescatter_async = _collectives.reducescatter_async
-grouped_reducescatter_async = _collectives.grouped_reducescatter_async
-join = _collectives.join
-barrier = _collectives.barrier
+_collectives.export(globals())   # init, shutdown, poll, synchronize and the *_async forms
 
 
 # -- the blocking forms that return new arrays -----------------------------------------------------------------
@@ -56,38 +37,39 @@ barrier = _collectives.barrier
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
               process_set=global_process_set) -> np.ndarray:
     """Reduce ``tensor`` across ranks (default: average) and return the result."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    return _collectives.synchronize(_collectives.allreduce_async(tensor, average, name, op, prescale_factor,
+                                                                 postscale_factor, process_set))
 
 
 @blocking
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set) -> List[np.ndarray]:
     """Reduce a list of arrays as one atomic group; returns a list of new arrays."""
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
-                                               process_set))
+    return _collectives.synchronize(_collectives.grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                                         postscale_factor, process_set))
 
 
 @blocking
 def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dimension 0."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    return _collectives.synchronize(_collectives.allgather_async(tensor, name, process_set))
 
 
 @blocking
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> List[np.ndarray]:
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    return _collectives.synchronize(_collectives.grouped_allgather_async(tensors, name, process_set))
 
 
 @blocking
 def broadcast(tensor, root_rank: int, name=None, process_set=global_process_set) -> np.ndarray:
     """Return ``root_rank``'s ``tensor`` on every rank (a new array)."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    return _collectives.synchronize(_collectives.broadcast_async(tensor, root_rank, name, process_set))
 
 
 @blocking
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Returns ``output`` when ``splits`` is None, else ``(output, received_splits)``."""
-    output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    output, received = _collectives.synchronize(_collectives.alltoall_async(tensor, splits, name, process_set))
     return output if splits is None else (output, received)
 
 
@@ -95,14 +77,15 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def reducescatter(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                   postscale_factor=1.0) -> np.ndarray:
     """Reduce ``tensor`` and return this rank's block of rows (rank r gets block r)."""
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+    return _collectives.synchronize(_collectives.reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                                                     postscale_factor))
 
 
 @blocking
 def grouped_reducescatter(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0) -> List[np.ndarray]:
-    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
-                                                   postscale_factor))
+    return _collectives.synchronize(_collectives.grouped_reducescatter_async(tensors, name, op, process_set,
+                                                                             prescale_factor, postscale_factor))
 
 
 # -- objects --------------------------------------------------------------------------------------------------

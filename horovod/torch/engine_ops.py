@@ -32,26 +32,7 @@ from horovod.torch.staging import TorchAdapter
 # tensors become engine arrays (TorchAdapter).  Its public functions are the shared object's bound methods.
 _collectives = HandleCollectives(TorchAdapter(), __name__)
 
-init = _collectives.init
-shutdown = _collectives.shutdown
-poll = _collectives.poll
-synchronize = _collectives.synchronize
-allreduce_async = _collectives.allreduce_async
-allreduce_async_ = _collectives.allreduce_async_
-allreduce_ = _collectives.allreduce_
-grouped_allreduce_async = _collectives.grouped_allreduce_async
-grouped_allreduce_async_ = _collectives.grouped_allreduce_async_
-grouped_allreduce_ = _collectives.grouped_allreduce_
-allgather_async = _collectives.allgather_async
-grouped_allgather_async = _collectives.grouped_allgather_async
-broadcast_async = _collectives.broadcast_async
-broadcast_async_ = _collectives.broadcast_async_
-broadcast_ = _collectives.broadcast_
-alltoall_async = _collectives.alltoall_async
-reducescatter_async = _collectives.reducescatter_async
-grouped_reducescatter_async = _collectives.grouped_reducescatter_async
-join = _collectives.join
-barrier = _collectives.barrier
+_collectives.export(globals())   # init, shutdown, poll, synchronize and the *_async forms
 
 
 def _check_has_gpu() -> bool:
@@ -71,13 +52,13 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op,
     indices = tensor._indices().t().contiguous()   # allgather concatenates dim 0: one row per non-zero
     values = tensor._values().contiguous()
     base = None if name is None else str(name)
-    h_values = allgather_async(values, None if base is None else f"{base}.values", process_set)
-    h_indices = allgather_async(indices, None if base is None else f"{base}.indices", process_set)
+    h_values = _collectives.allgather_async(values, None if base is None else f"{base}.values", process_set)
+    h_indices = _collectives.allgather_async(indices, None if base is None else f"{base}.indices", process_set)
     set_size = len(process_set.ranks) if process_set.ranks else size()
 
     def result() -> torch.Tensor:
-        all_values = synchronize(h_values)
-        all_indices = synchronize(h_indices)
+        all_values = _collectives.synchronize(h_values)
+        all_indices = _collectives.synchronize(h_indices)
         if op == Average:
             all_values = all_values / set_size
         return torch.sparse_coo_tensor(all_indices.t(), all_values, tensor.size(), dtype=all_values.dtype,
