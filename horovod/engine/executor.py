@@ -115,6 +115,10 @@ class Executor:
         """Postscale, then Average's division by the set size."""
         ops.finish_reduction(buf, resp.op, resp.postscale, len(self.set_ranks[resp.process_set]))
 
+    def _finisher(self, resp: Response) -> Optional[ops.Finish]:
+        """The same finish, for a transport to apply to each piece of an allreduce's result as it writes it."""
+        return ops.finisher(resp.op, resp.postscale, len(self.set_ranks[resp.process_set]))
+
     # -- reductions -----------------------------------------------------------------------------------
     def _allreduce(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
         transport = self.transport_for(resp.process_set)
@@ -128,13 +132,12 @@ class Executor:
             separate = entry.output is not entry.tensor and not np.shares_memory(entry.output, entry.tensor)
             if separate and pre == 1:
                 # Reduced straight from the input into the result: one pass over memory less than copy + in place.
-                transport.allreduce_into(_flat(entry.tensor), buf, op)
+                transport.allreduce_into(_flat(entry.tensor), buf, op, self._finisher(resp))
             else:
                 if separate:
                     np.copyto(buf, _flat(entry.tensor), casting="no")
                 ops.scale_inplace(buf, pre)
-                transport.allreduce(buf, op)
-            self._finish(buf, resp)
+                transport.allreduce_into(buf, buf, op, self._finisher(resp))
             return [entry.output]
         counts = [prod(s) for s in resp.shapes]
         buf = self.fusion.get(sum(counts), ops.compute_dtype(resp.dtype))
@@ -143,8 +146,7 @@ class Executor:
             self._stage_in(entry, shape, buf[offset:offset + n], resp.dtype)
             offset += n
         ops.scale_inplace(buf, pre)
-        transport.allreduce(buf, op)
-        self._finish(buf, resp)
+        transport.allreduce_into(buf, buf, op, self._finisher(resp))
         results: List[object] = []
         offset = 0
         for entry, shape, n in zip(entries, resp.shapes, counts):

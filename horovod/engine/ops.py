@@ -84,11 +84,44 @@ def divide_inplace(buf: np.ndarray, divisor: int) -> None:
         np.divide(buf, buf.dtype.type(divisor), out=buf)
 
 
+class Finish:
+    """The end of a reduction (the postscale factor, then Average's division) for a transport to apply to each
+    piece of a result while that piece is still in cache: on a large result, a whole pass over memory fewer than
+    finishing the reduced buffer afterwards (Average cost ~70 % on top of Sum at 64 MiB before, measured)."""
+
+    __slots__ = ("postscale", "divisor")
+
+    def __init__(self, postscale: float, divisor: int):
+        self.postscale, self.divisor = postscale, divisor
+
+    def __call__(self, piece: np.ndarray) -> None:
+        """Finish ``piece`` in place."""
+        scale_inplace(piece, self.postscale)
+        divide_inplace(piece, self.divisor)
+
+    def copy(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Write the finished values of ``src`` into ``dst`` (same shape and dtype): in one pass for a plain
+        Average of float32/float64 (the same division as :func:`divide_inplace`, so the same bits)."""
+        if self.postscale == 1.0 and dst.dtype.kind == "f" and dst.dtype != np.float16:
+            np.divide(src, dst.dtype.type(self.divisor), out=dst)
+            return
+        np.copyto(dst, src)
+        self(dst)
+
+
+def finisher(op: int, postscale: float, set_size: int) -> Optional[Finish]:
+    """The :class:`Finish` of a reduction, or None when it has nothing to do (Sum, Min, ... without a postscale)."""
+    divisor = set_size if op == Average else 1
+    if postscale == 1.0 and divisor == 1:
+        return None
+    return Finish(postscale, divisor)
+
+
 def finish_reduction(buf: np.ndarray, op: int, postscale: float, set_size: int) -> None:
     """After the reduction: the postscale factor, then Average's division by the set size."""
-    scale_inplace(buf, postscale)
-    if op == Average:
-        divide_inplace(buf, set_size)
+    finish = finisher(op, postscale, set_size)
+    if finish is not None:
+        finish(buf)
 
 
 def scale_inplace(buf: np.ndarray, factor: float) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -30,6 +30,17 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: str) -> None:
             np.logical_and(dst, src, out=dst)
         return
     _UFUNCS[op](dst, src, out=dst)
+
+
+class Finish(Protocol):
+    """The last step of a reduction, chosen by the engine (e.g. Average's division): a transport applies it to every
+    reduced element exactly once, either in place or while copying a reduced piece to its destination."""
+
+    def __call__(self, piece: np.ndarray) -> None:
+        """Finish ``piece`` in place."""
+
+    def copy(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Write the finished values of ``src`` into ``dst``."""
 
 
 class TransportError(RuntimeError):
@@ -61,15 +72,21 @@ class Transport(abc.ABC):
     def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
         """Reduce ``buf`` across the group, in place, with ``op`` in {sum, min, max, product}."""
 
-    def allreduce_into(self, src: np.ndarray, dst: np.ndarray, op: str = SUM) -> None:
-        """Reduce ``src`` across the group into ``dst`` (same shape and dtype, no overlap); ``src`` is unchanged.
+    def allreduce_into(self, src: np.ndarray, dst: np.ndarray, op: str = SUM,
+                       finish: Optional[Finish] = None) -> None:
+        """Reduce ``src`` across the group into ``dst`` (same shape and dtype; ``src is dst`` for in place, else no
+        overlap); ``src`` is unchanged.  ``finish``, when given, is applied to every element of the result once.
 
-        The default copies and reduces in place; a transport that can read its input from one buffer and write
-        its result to another overrides this to save that pass over memory (a fresh result's pages are then
-        faulted in by the result's own write).
+        The default copies, reduces in place and finishes the whole result.  A transport that can read its input
+        from one buffer and write its result to another overrides this to save that pass over memory (a fresh
+        result's pages are then faulted in by the result's own write), and finishes each piece of the result as
+        it writes it, while it is in cache.
         """
-        np.copyto(dst, src)
+        if src is not dst:
+            np.copyto(dst, src)
         self.allreduce(dst, op)
+        if finish is not None:
+            finish(dst)
 
     @abc.abstractmethod
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:

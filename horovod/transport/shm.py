@@ -44,7 +44,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, TransportError, register
+from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, Finish, TransportError, register
 from horovod.transport.shm_group import ShmGroup
 from horovod.transport.shm_lane import ShmLane
 from horovod.transport.shm_node import IO_CHUNK, LENGTH, LINE_BYTES, Node, new_segment_fd, segment_layout
@@ -109,7 +109,8 @@ class ShmTransport(ShmGroup):
     def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
         self.allreduce_into(buf, buf, op)
 
-    def allreduce_into(self, src: np.ndarray, dst: np.ndarray, op: str = SUM) -> None:
+    def allreduce_into(self, src: np.ndarray, dst: np.ndarray, op: str = SUM,
+                       finish: Optional[Finish] = None) -> None:
         f = _binary(dst.dtype, op)
         if src is not dst:
             _byte_view(src)
@@ -119,22 +120,26 @@ class ShmTransport(ShmGroup):
         if self.size == 1 or dst.size == 0:
             if src is not dst:
                 np.copyto(dst, src)
+            if finish is not None:
+                finish(dst)
             return
         _byte_view(dst)
         self._enter("allreduce")
         if dst.dtype.kind in "fc":
             with np.errstate(all="ignore"):  # inf / nan are defined results (think loss scaling), not errors
-                self._allreduce(src, dst, f)
+                self._allreduce(src, dst, f, finish)
         else:
-            self._allreduce(src, dst, f)
+            self._allreduce(src, dst, f, finish)
 
-    def _allreduce(self, src: np.ndarray, dst: np.ndarray, f) -> None:
+    def _allreduce(self, src: np.ndarray, dst: np.ndarray, f, finish: Optional[Finish]) -> None:
         if dst.nbytes * self.size <= self._small_bytes and dst.nbytes <= self._half_bytes:
             self._allreduce_small(src, dst, f)
+            if finish is not None:
+                finish(dst)   # still in cache: the result is at most a MiB
         else:
             step = max(1, self._chunk_bytes // dst.itemsize)
             for start in range(0, dst.size, step):
-                self._allreduce_chunk(src[start:start + step], dst[start:start + step], f)
+                self._allreduce_chunk(src[start:start + step], dst[start:start + step], f, finish)
 
     def _allreduce_small(self, src: np.ndarray, dst: np.ndarray, f) -> None:
         """One step: everyone publishes its input, then everyone reduces all of them (in rank order)."""
@@ -162,7 +167,7 @@ class ShmTransport(ShmGroup):
             self._bounds_cache[key] = b
         return b
 
-    def _allreduce_chunk(self, src: np.ndarray, dst: np.ndarray, f) -> None:
+    def _allreduce_chunk(self, src: np.ndarray, dst: np.ndarray, f, finish: Optional[Finish]) -> None:
         r, n = self.rank, dst.size
         h = self._next_half(True)
         views = self._typed(dst.dtype, h)
@@ -179,10 +184,11 @@ class ShmTransport(ShmGroup):
             _combine(f, mine[lo:hi], [src[lo:hi] if q == r else views[q][lo:hi] for q in range(self.size)])
         s = self._step()
         self._wait(s)
+        copy_out = np.copyto if finish is None else (lambda out, reduced: finish.copy(reduced, out))
         for i in range(self.size):
             q = (r + i) % self.size
             if b[q + 1] > b[q]:
-                np.copyto(dst[b[q]:b[q + 1]], views[q][b[q]:b[q + 1]])
+                copy_out(dst[b[q]:b[q + 1]], views[q][b[q]:b[q + 1]])
         self._free_at[h] = s + 1
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:

@@ -391,6 +391,31 @@ def test_scale_inplace_truncates_integers_and_leaves_bool():
     assert f.dtype == np.float16 and f.tolist() == [3.0]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.uint8, np.complex64])
+@pytest.mark.parametrize("postscale,divisor", [(1.0, 3), (0.5, 3), (2.0, 1), (1.0, 2)])
+def test_finish_copy_gives_the_bits_of_finishing_in_place(dtype, postscale, divisor):
+    # A transport either finishes a reduced piece in place or while copying it out: both must equal the old
+    # "reduce, then postscale, then divide the whole buffer" bit for bit (Average is a true division).
+    rng = np.random.default_rng(7)
+    src = (rng.uniform(-1000, 1000, 1001) * (1 if np.dtype(dtype).kind in "fc" else 0.1)).astype(dtype)
+    expected = src.copy()
+    ops.finish_reduction(expected, ops.Average if divisor > 1 else ops.Sum, postscale, divisor)
+    finish = ops.finisher(ops.Average if divisor > 1 else ops.Sum, postscale, divisor)
+    in_place, copied = src.copy(), np.empty_like(src)
+    finish(in_place)
+    finish.copy(src, copied)
+    assert in_place.tobytes() == expected.tobytes()
+    assert copied.tobytes() == expected.tobytes()
+
+
+def test_finisher_is_none_when_there_is_nothing_to_finish():
+    assert ops.finisher(ops.Sum, 1.0, 4) is None
+    assert ops.finisher(ops.Max, 1.0, 4) is None
+    assert ops.finisher(ops.Average, 1.0, 1) is None
+    assert ops.finisher(ops.Average, 1.0, 4) is not None
+    assert ops.finisher(ops.Sum, 0.5, 4) is not None
+
+
 def test_dtype_names():
     assert ops.dtype_name(np.zeros(1, np.int16)) == "int16"
     assert ops.dtype_name(np.zeros(1, np.uint16), "bfloat16") == "bfloat16"

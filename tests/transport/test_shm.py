@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 
+from horovod.engine import ops
 from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport, TransportError
 from horovod.transport.shm import _MEMORY_ORDER_OK, ShmTransport, create_shm
 
@@ -140,6 +141,8 @@ def _body_allreduce(rank, size):
                     out = np.empty(n, dtype)
                     t.allreduce_into(_data(seed, rank, n, dtype, op), out, op)
                     chk.equal(out, want, f"{label} allreduce_into {np.dtype(dtype)} {op} n={n}")
+                    if op == "sum" and dtype != np.bool_:
+                        _check_finish(chk, t, label, seed, rank, size, n, dtype, want)
         for n in (3, 300000):  # overflow to inf is float16's defined result: no RuntimeWarning, on either path
             buf = np.full(n, 6e4, np.float16)
             with warnings.catch_warnings():
@@ -149,6 +152,21 @@ def _body_allreduce(rank, size):
         t.close()
         t.close()  # idempotent
     return chk.report()
+
+
+def _check_finish(chk, t, label, seed, rank, size, n, dtype, want):
+    """A finish (Average's division, with and without a postscale) applied while each piece of the result is
+    written gives the same bits as finishing the whole reduced buffer afterwards, in place and out of place."""
+    for finish in (ops.Finish(1.0, size), ops.Finish(0.5, size)):
+        expect = want.copy()
+        finish(expect)
+        what = f"{label} allreduce_into + finish(postscale={finish.postscale}) {np.dtype(dtype)} n={n}"
+        out = np.empty(n, dtype)
+        t.allreduce_into(_data(seed, rank, n, dtype), out, "sum", finish)
+        chk.equal(out, expect, what)
+        buf = _buf(seed, rank, n, dtype)
+        t.allreduce_into(buf, buf, "sum", finish)
+        chk.equal(buf, expect, f"{what} in place")
 
 
 def _body_allgatherv(rank, size):
