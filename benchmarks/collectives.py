@@ -65,10 +65,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _launch  # noqa: E402
 from _launch import KIB, MIB, bus_factor, format_size  # noqa: E402
 
-OPS = ("allreduce", "allreduce-new", "allgather", "broadcast", "alltoall", "reducescatter")
+OPS = ("allreduce", "allreduce-avg", "allreduce-new", "allgather", "broadcast", "alltoall", "reducescatter")
 # allreduce-new: the same reduction, but the result is a new array each call (``hvd.allreduce``, not ``allreduce_``);
-# implementations without such a call (Gloo) sit it out.
-REDUCTIONS = ("allreduce", "allreduce-new")
+# implementations without such a call (Gloo) sit it out.  allreduce-avg: the in-place reduction averaged, the op
+# training uses (hvd: ``op=Average``; Gloo and Open MPI have no average on CPU: their users sum, then divide).
+REDUCTIONS = ("allreduce", "allreduce-avg", "allreduce-new")
 # Latency patterns: what runs before each timed 8-byte call.
 LATENCY_PATTERNS = ("back to back", "barrier before each", "1 ms compute before each")
 F32 = np.float32
@@ -135,6 +136,8 @@ class Case:
     def _compute_expected(self) -> np.ndarray:
         n, per, r = self.size, self.per, self.rank
         offset = F32(n * (n - 1) // 2)
+        if self.op == "allreduce-avg":
+            return (self._base(self.count) * F32(n) + offset) / F32(n)
         if self.op in REDUCTIONS:
             return self._base(self.count) * F32(n) + offset
         if self.op == "broadcast":
@@ -171,8 +174,10 @@ class RawImpl:
     def __init__(self, key: str, transport):
         self.key, self.t = key, transport
 
-    def bind(self, c: Case) -> Callable[[], np.ndarray]:
+    def bind(self, c: Case) -> Optional[Callable[[], np.ndarray]]:
         t = self.t
+        if c.op == "allreduce-avg":
+            return None  # Average is the engine's (a transport sums)
         if c.op == "allreduce":
             return lambda: (t.allreduce(c.buf, "sum"), c.buf)[1]
         if c.op == "allreduce-new":
@@ -200,6 +205,8 @@ class EngineImpl:
         hvd, name = self.hvd, f"bench.{c.op}.{c.nbytes}"
         if c.op == "allreduce":
             return lambda: hvd.allreduce_(c.buf, op=hvd.Sum, name=name)
+        if c.op == "allreduce-avg":
+            return lambda: hvd.allreduce_(c.buf, op=hvd.Average, name=name)
         if c.op == "allreduce-new":
             return lambda: hvd.allreduce(c.buf, op=hvd.Sum, name=name)
         if c.op == "broadcast":
@@ -226,10 +233,13 @@ class GlooImpl:
         if c.op == "allreduce-new":
             return None  # torch.distributed reduces in place only
         t, dist = self.torch.from_numpy, self.dist
-        if c.op in ("allreduce", "broadcast"):
+        if c.op in ("allreduce", "allreduce-avg", "broadcast"):
             tb = t(c.buf)
             if c.op == "allreduce":
                 return lambda: (dist.all_reduce(tb), c.buf)[1]
+            if c.op == "allreduce-avg":
+                n = dist.get_world_size()
+                return lambda: (dist.all_reduce(tb), tb.div_(n), c.buf)[2]
             return lambda: (dist.broadcast(tb, 0), c.buf)[1]
         ts, tr = t(c.send), t(c.recv)
         if c.op == "allgather":
@@ -264,6 +274,9 @@ class MpiImpl:
         MPI, comm = self.MPI, self.comm
         if c.op == "allreduce":
             return lambda: (comm.Allreduce(MPI.IN_PLACE, c.buf, op=MPI.SUM), c.buf)[1]
+        if c.op == "allreduce-avg":
+            n = F32(comm.Get_size())
+            return lambda: (comm.Allreduce(MPI.IN_PLACE, c.buf, op=MPI.SUM), np.divide(c.buf, n, out=c.buf))[1]
         if c.op == "allreduce-new":
             def fresh() -> np.ndarray:
                 out = np.empty_like(c.buf)

@@ -13,11 +13,11 @@ subgroups, use the flat TCP mesh.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from horovod.transport.base import SUM, Bootstrap, Transport, register
+from horovod.transport.base import SUM, Bootstrap, Finish, Transport, register
 from horovod.transport.shm import create_shm
 from horovod.transport.tcp import create_tcp
 
@@ -73,22 +73,31 @@ class HierarchicalTransport(Transport):
         return self._scratch[:nbytes].view(dtype)
 
     def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
+        self.allreduce_into(buf, buf, op)
+
+    def allreduce_into(self, src: np.ndarray, dst: np.ndarray, op: str = SUM,
+                       finish: Optional[Finish] = None) -> None:
         # Every decision below depends only on values all ranks share, so all ranks take the same path.
         if len(self.groups) == 1:
-            self.local.allreduce(buf, op)
+            self.local.allreduce_into(src, dst, op, finish)
         elif not self.enabled or all(len(g) == 1 for g in self.groups):
-            self.flat.allreduce(buf, op)
-        elif self.homogeneous and buf.size >= self.local.size:
-            counts = even_counts(buf.size, self.local.size)
-            share = self._share(counts[self.local_index], buf.dtype)
-            self.local.reducescatter(buf, share, counts, op)
-            self.cross.allreduce(share, op)
-            self.local.allgatherv(share, buf, counts)
+            self.flat.allreduce_into(src, dst, op, finish)
+        elif self.homogeneous and src.size >= self.local.size:
+            counts = even_counts(src.size, self.local.size)
+            share = self._share(counts[self.local_index], src.dtype)
+            self.local.reducescatter(src, share, counts, op)
+            # Each rank finishes its share (a fraction of the result, in cache) before the hosts share them out.
+            self.cross.allreduce_into(share, share, op, finish)
+            self.local.allgatherv(share, dst, counts)
         else:
-            self.local.allreduce(buf, op)
+            if src is not dst:
+                np.copyto(dst, src)
+            self.local.allreduce(dst, op)
             if self.local_index == 0:
-                self.leaders.allreduce(buf, op)
-            self.local.broadcast(buf, 0)
+                self.leaders.allreduce(dst, op)
+            self.local.broadcast(dst, 0)
+            if finish is not None:
+                finish(dst)
 
     def allgatherv(self, send, recv, counts):
         if not self.allgather_enabled or len(self.groups) == 1 or all(len(g) == 1 for g in self.groups):

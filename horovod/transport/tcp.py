@@ -34,7 +34,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from horovod.transport import algorithms as alg
-from horovod.transport.base import SUM, Bootstrap, Transport, TransportError, reduce_into, register
+from horovod.transport.base import SUM, Bootstrap, Finish, Transport, TransportError, reduce_into, register
 from horovod.transport.tcp_connect import connect_world
 from horovod.transport.tcp_mesh import Mesh, Plan, as_bytes
 
@@ -91,13 +91,23 @@ class TcpTransport(Transport):
 
     def allreduce(self, buf: np.ndarray, op: str = SUM) -> None:
         """Reduce ``buf`` in place over the group; small buffers by recursive doubling, large by a ring."""
+        self._allreduce(buf, op, None)
+
+    def allreduce_into(self, src: np.ndarray, dst: np.ndarray, op: str = SUM,
+                       finish: Optional[Finish] = None) -> None:
+        if src is not dst:
+            np.copyto(dst, src)
+        self._allreduce(dst, op, finish)
+
+    def _allreduce(self, buf: np.ndarray, op: str, finish: Optional[Finish]) -> None:
         self._start()
-        if self.size == 1 or buf.size == 0:
-            return
-        if buf.nbytes < self._mesh.small or buf.size < self.size:
-            self._allreduce_doubling(buf, op)
+        if self.size == 1 or buf.size == 0 or buf.nbytes < self._mesh.small or buf.size < self.size:
+            if self.size > 1 and buf.size:
+                self._allreduce_doubling(buf, op)
+            if finish is not None:
+                finish(buf)   # small: still in cache
         else:
-            self._allreduce_ring(buf, op)
+            self._allreduce_ring(buf, op, finish)
 
     def _allreduce_doubling(self, buf: np.ndarray, op: str) -> None:
         fold = alg.Fold(self.rank, self.size)
@@ -119,7 +129,7 @@ class TcpTransport(Transport):
         if fold.role == "proxy":
             self._exchange(fold.partner, mine, None, None, what)
 
-    def _allreduce_ring(self, buf: np.ndarray, op: str) -> None:
+    def _allreduce_ring(self, buf: np.ndarray, op: str, finish: Optional[Finish]) -> None:
         n, r, mesh = self.size, self.rank, self._mesh
         it = buf.itemsize
         counts = alg.partition(buf.size, n)
@@ -133,11 +143,14 @@ class TcpTransport(Transport):
         lc, rc = plan.chan(self._world(left)), plan.chan(self._world(right))
         prev: Optional[list] = None
         # Reduce-scatter: in step s send block r-s (reduced so far), receive block r-s-1 and reduce it into buf.
+        # The last step completes the block this rank owns: it is finished there, so the allgather passes on
+        # finished values and nobody makes another pass over the whole result.
         for s in range(n - 1):
             sb, rb = (r - s) % n, (r - s - 1) % n
             for j, (o, ln) in enumerate(alg.segments(offs[sb], counts[sb], seg)):
                 rc.send(data[o * it:(o + ln) * it], prev[j] if prev else None)
-            prev = [lc.recv(sview[: ln * it], (buf[o:o + ln], scratch[:ln]))
+            last = finish if s == n - 2 else None
+            prev = [lc.recv(sview[: ln * it], (buf[o:o + ln], scratch[:ln]), last)
                     for o, ln in alg.segments(offs[rb], counts[rb], seg)]
         # Allgather: rank r now owns block r+1 fully reduced; pass blocks on, receiving straight into buf.
         for s in range(n - 1):

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Protocol, Tuple
 import numpy as np
 
 from horovod.transport import sockets
-from horovod.transport.base import SUM, Bootstrap, TransportError, reduce_into
+from horovod.transport.base import SUM, Bootstrap, Finish, TransportError, reduce_into
 
 
 class PeerNames(Protocol):
@@ -59,7 +59,7 @@ class Channel:
         self.world, self.sock = world, sock
         self.sends: List[tuple] = []  # (view, dep_chan or None, dep_count)
         self.si = self.soff = 0
-        self.recvs: List[tuple] = []  # (view, (reduce_dst, reduce_src) or None)
+        self.recvs: List[tuple] = []  # (view, (reduce_dst, reduce_src) or None, finish or None)
         self.ri = self.roff = 0
 
     def send(self, view: memoryview, after: Optional[Tuple["Channel", int]] = None) -> None:
@@ -70,17 +70,18 @@ class Channel:
             else:
                 self.sends.append((view, after[0], after[1]))
 
-    def recv(self, view: memoryview, reduce: Optional[Tuple[np.ndarray, np.ndarray]] = None
-             ) -> Tuple["Channel", int]:
-        """Queue a receive into ``view`` (then ``reduce_into(*reduce)``); returns a handle for :meth:`send`."""
+    def recv(self, view: memoryview, reduce: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+             finish: Optional[Finish] = None) -> Tuple["Channel", int]:
+        """Queue a receive into ``view`` (then ``reduce_into(*reduce)``, then ``finish`` on the reduced
+        destination: the last reduction of a piece); returns a handle for :meth:`send`."""
         if len(view):
-            self.recvs.append((view, reduce))
+            self.recvs.append((view, reduce, finish))
         return self, len(self.recvs)
 
     def pending_recv_bytes(self) -> int:
         if self.ri >= len(self.recvs):
             return 0
-        return sum(len(v) for v, _ in self.recvs[self.ri:]) - self.roff
+        return sum(len(r[0]) for r in self.recvs[self.ri:]) - self.roff
 
     def pending_send_bytes(self) -> int:
         if self.si >= len(self.sends):
@@ -214,7 +215,7 @@ class Mesh:
                 recvs = c.recvs
                 nr = len(recvs)
                 while c.ri < nr:
-                    buf, red = recvs[c.ri]
+                    buf, red, finish = recvs[c.ri]
                     off = c.roff
                     try:
                         k = c.sock.recv_into(buf[off:] if off else buf)
@@ -234,6 +235,8 @@ class Mesh:
                     c.ri += 1
                     if red is not None:
                         reduce_into(red[0], red[1], op)
+                        if finish is not None:
+                            finish(red[0])
                 sends = c.sends
                 ns = len(sends)
                 while c.si < ns:

@@ -18,6 +18,7 @@ def _hierarchical_job(sizes):
 
     import horovod.numpy as hvd
     from horovod.common import basics
+    from horovod.engine import ops
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -30,6 +31,12 @@ def _hierarchical_job(sizes):
             chk.equal(hvd.allreduce(inputs[rank], op=hvd.Sum, name=f"h.{n}.{dtype}"), expected, f"sum {n} {dtype}")
             chk.equal(hvd.allreduce(inputs[rank], op=hvd.Max, name=f"hmax.{n}.{dtype}"), np.max(inputs, axis=0),
                       f"max {n} {dtype}")
+            # Average: each rank finishes its share before the hosts exchange them; the same bits as dividing
+            # the exact (integer-valued) sum afterwards.
+            average = expected.copy()
+            ops.divide_inplace(average, size)
+            chk.equal(hvd.allreduce(inputs[rank], op=hvd.Average, name=f"havg.{n}.{dtype}"), average,
+                      f"average {n} {dtype}")
     # Other collectives go over the flat mesh; check one of each kind still agrees.
     gathered = hvd.allgather(np.full((rank + 1,), rank), name="g")
     chk.true(gathered.tolist() == [r for r in range(size) for _ in range(r + 1)], f"allgather {gathered}")

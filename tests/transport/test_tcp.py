@@ -237,6 +237,42 @@ def test_collectives_large_default_options(np_):
     check(res, expected_conformance(np_, *cases))
 
 
+def _finish_job(t, sizes):
+    """allreduce_into with a finish (Average's division, with and without a postscale), in place and not."""
+    from horovod.engine import ops
+
+    out = {}
+    for dtype in ("float32", "float64", "int32"):
+        for n in sizes:
+            for post in (1.0, 0.5):
+                finish = ops.Finish(post, t.size)
+                buf = make(t.rank, dtype, SUM, n)
+                t.allreduce_into(buf, buf, SUM, finish)
+                fresh = np.empty(n, dtype)
+                t.allreduce_into(make(t.rank, dtype, SUM, n), fresh, SUM, finish)
+                out[(dtype, n, post)] = (digest(buf), digest(fresh))
+    return out
+
+
+@pytest.mark.parametrize("np_,options", [(1, SMALL_OPTS), (2, SMALL_OPTS), (3, SMALL_OPTS), (4, SMALL_OPTS),
+                                         (3, None)])
+def test_allreduce_finish_matches_finishing_afterwards(np_, options):
+    """The ring finishes each block on its owner before passing it on; the result must be the same bits as
+    reducing and then finishing the whole buffer (small buffers: recursive doubling, then the finish)."""
+    from horovod.engine import ops
+
+    sizes = (0, 1, 7, 3001, 70001) if options else ((1 << 20) + 3,)
+    res = values(run_world(np_, _finish_job, (sizes,), options=options, timeout=90))
+    for dtype in ("float32", "float64", "int32"):
+        for n in sizes:
+            total = reduce_np([make(q, dtype, SUM, n) for q in range(np_)], SUM)
+            for post in (1.0, 0.5):
+                want = total.copy()
+                ops.Finish(post, np_)(want)
+                for r, got in enumerate(res):
+                    assert got[(dtype, n, post)] == (digest(want), digest(want)), (r, dtype, n, post)
+
+
 def test_spawned_processes():
     """The transport works in freshly spawned interpreters too (nothing relies on fork)."""
     cases = ((0, 5, 30000), ("float64",), (SUM,), 40000, 20000)
