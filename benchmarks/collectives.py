@@ -361,20 +361,40 @@ def _rotate(seq: list, k: int) -> list:
     return seq[k:] + seq[:k]
 
 
+def _op_groups(ops: Sequence[str]) -> List[List[str]]:
+    """The ops measured together: the reductions (in place, averaged, new result) share their rounds, so a
+    machine whose memory bandwidth changes during the run (a busy neighbour on the host) slows all of them
+    alike and their ratios stay honest; every other op is a group of its own."""
+    reductions = [op for op in ops if op in REDUCTIONS]
+    groups: List[List[str]] = []
+    for op in ops:
+        if op in REDUCTIONS:
+            if op == reductions[0]:
+                groups.append(reductions)
+        else:
+            groups.append([op])
+    return groups
+
+
 def sweep(spec: dict, impls: list, sync: Sync, emit: Emitter, rank: int, size: int) -> None:
-    """Every collective at every size, implementations interleaved round by round."""
-    for op in spec["ops"]:
+    """Every collective at every size, implementations (and the reduction ops of one size) interleaved round
+    by round."""
+    for group in _op_groups(spec["ops"]):
         for nbytes in spec["sizes"]:
             wall0 = time.perf_counter()
-            case = Case(op, nbytes, rank, size)
-            active, calls, errors = _validate(impls, case, sync)
-            for key, err in errors.items():
-                emit({"kind": "sweep", "op": op, "bytes": case.nbytes, "impl": key, **err})
-            case.reset_for_timing()
+            # (op, case, impl, call) for every implementation of every op of the group that passed validation
+            racers = []
+            for op in group:
+                case = Case(op, nbytes, rank, size)
+                active, calls, errors = _validate(impls, case, sync)
+                for key, err in errors.items():
+                    emit({"kind": "sweep", "op": op, "bytes": case.nbytes, "impl": key, **err})
+                case.reset_for_timing()
+                racers += [(op, case, impl, calls[impl.key]) for impl in active]
             # Warm-up doubles as the probe that sizes each batch; every rank uses the slowest rank's probe.
             probes = []
-            for impl in active:
-                call, times = calls[impl.key], []
+            for _op, case, _impl, call in racers:
+                times = []
                 # large: one call (validation already warmed up); the batch is a single call anyway
                 for _ in range(1 if case.nbytes >= 8 * MIB else 8):
                     t0 = time.perf_counter()
@@ -386,30 +406,30 @@ def sweep(spec: dict, impls: list, sync: Sync, emit: Emitter, rank: int, size: i
             def batch(per_call: float) -> int:
                 return int(min(spec["max_iters"], max(1, math.ceil(spec["sample_s"] / max(per_call, 1e-7)))))
 
-            iters = {impl.key: [batch(p)] for impl, p in zip(active, probes)}
-            samples: Dict[str, List[float]] = {impl.key: [] for impl in active}
+            iters = [[batch(p)] for p in probes]
+            samples: List[List[float]] = [[] for _ in racers]
+            order = list(range(len(racers)))
             for rnd in range(spec["rounds"]):
-                for impl in _rotate(active, rnd):
-                    call, k = calls[impl.key], iters[impl.key][-1]
+                for i in _rotate(order, rnd):
+                    call, k = racers[i][3], iters[i][-1]
                     sync.barrier()
                     t0 = time.perf_counter()
                     for _ in range(k):
                         call()
-                    samples[impl.key].append((time.perf_counter() - t0) / k)
+                    samples[i].append((time.perf_counter() - t0) / k)
                 if rnd + 1 < spec["rounds"]:
                     # Re-size the next batches from this round's slowest rank: a machine that turns slow (calls
                     # stalling for milliseconds under load) must not stretch a batch sized for microseconds.
-                    last = sync.max([samples[impl.key][-1] for impl in active])
-                    for impl, t in zip(active, last):
-                        iters[impl.key].append(batch(t))
-            worst = sync.max([s for impl in active for s in samples[impl.key]]).reshape(len(active), -1) \
-                if active else []
-            wall = time.perf_counter() - wall0  # validation, warm-up, barriers and all rounds of every impl
-            for impl, row in zip(active, worst):
+                    last = sync.max([s[-1] for s in samples])
+                    for i, t in enumerate(last):
+                        iters[i].append(batch(t))
+            worst = sync.max([x for s in samples for x in s]).reshape(len(racers), -1) if racers else []
+            wall = time.perf_counter() - wall0  # validation, warm-up, barriers and all rounds of every racer
+            for (op, case, impl, _call), row, its in zip(racers, worst, iters):
                 emit({"kind": "sweep", "op": op, "bytes": case.nbytes, "impl": impl.key,
                       "median_s": float(np.median(row)), "samples_s": [float(x) for x in row],
-                      "iters": iters[impl.key], "rounds": spec["rounds"], "wall_s": wall})
-            del case, calls
+                      "iters": its, "rounds": spec["rounds"], "wall_s": wall})
+            del racers
 
 
 def latency(spec: dict, impls: list, sync: Sync, emit: Emitter, rank: int, size: int) -> None:
@@ -989,7 +1009,7 @@ def render(args, res: Results, memcpy: Dict[int, float], info: Dict[str, str], f
     for k, v in info.items():
         add(f"- **{k}**: {v}")
     add("")
-    add("Method: float32, sum. Size = the nccl-tests size (allreduce/broadcast: the buffer; allgather: the gathered "
+    add("Method: float32, sum (allreduce-avg: the average; Gloo and Open MPI sum, then divide in place). Size = the nccl-tests size (allreduce/broadcast: the buffer; allgather: the gathered "
         "output; reducescatter: the input; alltoall: one rank's send buffer). Time = median over rounds of the "
         "slowest rank's mean per call in a batch timed between barriers; implementations in one job alternate "
         "batch by batch. algbw = size / time; busbw = algbw × 2(n−1)/n (allreduce), (n−1)/n (allgather, "
