@@ -1,7 +1,7 @@
 """How DistributedGradientTape and the DistributedOptimizers reduce a list of gradients.
 
 Dense gradients travel in atomic groups (by default one group: one TF op per step).  Without explicit ``groups``
-small dense gradients are packed into buckets of up to ``HOROVOD_GRADIENT_BUCKET_BYTES`` (1 MiB) of one dtype,
+small dense gradients are packed into buckets of up to ``HOROVOD_GRADIENT_BUCKET_BYTES`` (4 MiB) of one dtype,
 like the torch optimizer's (:mod:`horovod.common.buckets` plans them): each bucket is concatenated into one flat
 tensor with one allreduce request, instead of one request per gradient.  ``IndexedSlices`` travel as allgathers
 (unless ``sparse_as_dense``), and gradients of *local* variables
