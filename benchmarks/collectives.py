@@ -1009,8 +1009,9 @@ def render(args, res: Results, memcpy: Dict[int, float], info: Dict[str, str], f
     for k, v in info.items():
         add(f"- **{k}**: {v}")
     add("")
-    add("Method: float32, sum (allreduce-avg: the average; Gloo and Open MPI sum, then divide in place). Size = the nccl-tests size (allreduce/broadcast: the buffer; allgather: the gathered "
-        "output; reducescatter: the input; alltoall: one rank's send buffer). Time = median over rounds of the "
+    add("Method: float32, sum (allreduce-avg: the average; Gloo and Open MPI sum, then divide in place). Size = "
+        "the nccl-tests size (allreduce/broadcast: the buffer; allgather: the gathered output; reducescatter: "
+        "the input; alltoall: one rank's send buffer). Time = median over rounds of the "
         "slowest rank's mean per call in a batch timed between barriers; implementations in one job alternate "
         "batch by batch. algbw = size / time; busbw = algbw × 2(n−1)/n (allreduce), (n−1)/n (allgather, "
         "reducescatter, alltoall), 1 (broadcast). *hvd engine* = `horovod.numpy` collectives (negotiation, "

@@ -23,7 +23,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from horovod.engine import ops
-from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError, StallError
+from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
 from horovod.engine.executor import deliver_inline
 from horovod.engine.handles import Entry
 from horovod.engine.messages import Request
@@ -191,9 +191,7 @@ class LaneUse:
             entry.handle.complete(entry.index, output)
             return True
         except (TransportError, OSError) as exc:
-            peer = getattr(exc, "peer", None)
-            culprit = peer if isinstance(peer, int) and not isinstance(peer, bool) else None
-            self._die(PeerFailureError(self._describe_failure(exc), culprit=culprit), notify=True)
+            self._die_of_peer_failure(exc)
             return True
         finally:
             self._drive.release()

@@ -99,9 +99,10 @@ class Finish:
         scale_inplace(piece, self.postscale)
         divide_inplace(piece, self.divisor)
 
-    def copy(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """Write the finished values of ``src`` into ``dst`` (same shape and dtype): in one pass for a plain
-        Average of float32/float64 (the same division as :func:`divide_inplace`, so the same bits)."""
+    def copyto(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Write the finished values of ``src`` into ``dst`` (same shape and dtype; ``np.copyto``'s argument order,
+        so a transport can use either): in one pass for a plain Average of float32/float64 (the same division as
+        :func:`divide_inplace`, so the same bits)."""
         if self.postscale == 1.0 and dst.dtype.kind == "f" and dst.dtype != np.float16:
             np.divide(src, dst.dtype.type(self.divisor), out=dst)
             return

@@ -389,9 +389,7 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         try:
             return self._step(timeout, spin)
         except (PeerError, TransportError, OSError) as exc:
-            peer = getattr(exc, "peer", None)
-            culprit = peer if isinstance(peer, int) and not isinstance(peer, bool) else None
-            self._die(PeerFailureError(self._describe_failure(exc), culprit=culprit), notify=True)
+            self._die_of_peer_failure(exc)
         except BaseException as exc:  # a bug must fail the handles loudly, not hang them
             logger.exception("horovod progress engine crashed")
             self._die(HorovodInternalError(f"Horovod background thread crashed: {exc!r}"), notify=True)
@@ -450,6 +448,12 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         if self.coordinator is not None and not self.config.stall_check_disable:
             timeouts.append(max(0.05, self._last_stall_check + self._stall_every - time.monotonic()))
         return min(timeouts) if timeouts else None
+
+    def _die_of_peer_failure(self, exc: BaseException) -> None:
+        """Fail the engine because a peer or the link to it failed, naming that rank when the error does."""
+        peer = getattr(exc, "peer", None)
+        culprit = peer if isinstance(peer, int) and not isinstance(peer, bool) else None
+        self._die(PeerFailureError(self._describe_failure(exc), culprit=culprit), notify=True)
 
     def _describe_failure(self, exc: BaseException) -> str:
         return (f"Horovod detected that a peer failed during a collective on rank {self.rank}: {exc}. "

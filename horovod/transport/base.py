@@ -39,8 +39,8 @@ class Finish(Protocol):
     def __call__(self, piece: np.ndarray) -> None:
         """Finish ``piece`` in place."""
 
-    def copy(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """Write the finished values of ``src`` into ``dst``."""
+    def copyto(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Write the finished values of ``src`` into ``dst`` (``np.copyto``'s argument order)."""
 
 
 class TransportError(RuntimeError):
