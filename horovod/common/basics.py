@@ -235,7 +235,13 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> int:
-    return 0
+    """The NCCL version this process can load (``major*10000 + minor*100 + patch``, e.g. 22805), or 0.
+
+    Looked up as GPU collectives would (``HOROVOD_NCCL_SO_PATH``, the nvidia-nccl wheel, the system library).
+    """
+    from horovod.engine import config, device
+
+    return device.nccl_version(config.load().nccl_so_path)
 
 
 def ddl_built() -> bool:
@@ -247,7 +253,10 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """True when a CUDA driver with at least one GPU is present (GPU collectives can run here)."""
+    from horovod.engine import device
+
+    return device.cuda_devices() > 0
 
 
 def rocm_built() -> bool:

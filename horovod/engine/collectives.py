@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from horovod.engine import ops, state
+from horovod.engine.device import DeviceArray
 from horovod.engine.errors import InvalidArgumentError
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
@@ -48,7 +49,11 @@ def _runtime():
     return state.runtime()
 
 
-def _contiguous(a: np.ndarray) -> np.ndarray:
+def _contiguous(a) -> np.ndarray:
+    """A C-contiguous host array, or a device array as it is (bindings hand those over contiguous)."""
+    if isinstance(a, DeviceArray):
+        return a
+    a = np.asarray(a)
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
@@ -62,14 +67,16 @@ def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, 
     inline_limit = runtime.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
     entries = []
     for i, tensor in enumerate(tensors):
-        tensor = _contiguous(np.asarray(tensor))
+        tensor = _contiguous(tensor)
         dtype = ops.dtype_name(tensor, dtypes[i] if dtypes else None)
+        device = tensor.device if isinstance(tensor, DeviceArray) else -1
         req = Request(rank=runtime.rank, name=names[i], kind=kind, dtype=dtype, shape=tuple(tensor.shape), op=op,
                       root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
                       # Ranks agree on member names, so the first name keys the group on the coordinator.
                       group=(names[0], len(tensors)) if grouped else None,
-                      splits=tuple(int(s) for s in splits[i]) if splits and splits[i] is not None else None)
-        if tensor.nbytes <= inline_limit:
+                      splits=tuple(int(s) for s in splits[i]) if splits and splits[i] is not None else None,
+                      device=device)
+        if tensor.nbytes <= inline_limit and device < 0:
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
             req.payload = tensor.tobytes()
         entries.append(Entry(req, tensor, outputs[i] if outputs else None, handle, i))
@@ -133,7 +140,7 @@ def alltoall_async(tensor: np.ndarray, name: str, splits: Optional[Sequence[int]
     runtime = _runtime()
     pset = runtime.sets.get(process_set)
     members = len(pset.ranks) if pset is not None else runtime.size
-    tensor = np.asarray(tensor)
+    tensor = _contiguous(tensor)
     if tensor.ndim == 0:
         raise InvalidArgumentError("alltoall needs a tensor with at least one dimension; got a scalar.")
     rows = tensor.shape[0]

@@ -101,7 +101,14 @@ KNOBS: Tuple[Knob, ...] = (
          "library_options.mpi_threads_disable", "Request MPI_THREAD_SINGLE instead of MPI_THREAD_MULTIPLE.",
          negatable=True),
     Knob("num_nccl_streams", int, 1, "HOROVOD_NUM_NCCL_STREAMS", "--num-nccl-streams",
-         "library_options.num_nccl_streams", "Accepted for compatibility (no NCCL on CPU paths)."),
+         "library_options.num_nccl_streams", "CUDA streams (each with its own NCCL communicator) that GPU "
+         "collectives take turns on; more than 1 lets independent collectives overlap."),
+    Knob("gpu_operations", str, "", "HOROVOD_GPU_OPERATIONS", None, None,
+         "How collectives on GPU tensors run: NCCL, or HOST (staged through pinned host memory and the CPU "
+         "transport); empty: NCCL where every rank can load it and no two ranks share a GPU, else HOST."),
+    Knob("nccl_so_path", str, "", "HOROVOD_NCCL_SO_PATH", None, None,
+         "The NCCL library (or an NCCL-compatible one: RCCL, a vendor's) to load; empty: the nvidia-nccl wheel "
+         "of this Python, then the system's libnccl.so.2."),
     Knob("thread_affinity", str, "", "HOROVOD_THREAD_AFFINITY", "--thread-affinity",
          "library_options.thread_affinity", "Comma-separated core ids, one per local rank, for the background "
          "thread."),
@@ -290,6 +297,9 @@ def load(env: Optional[Mapping[str, str]] = None, **overrides: Any) -> Config:
             fixed.add(knob.name)
         else:
             values[knob.name] = knob.default
+    # NCCL's own switch (2.30+) for several ranks of one communicator on one GPU: the device data plane must know
+    # whether NCCL will accept that before it creates a communicator.
+    values["nccl_multi_rank_gpu"] = env.get("NCCL_MULTI_RANK_GPU_ENABLE", "0") not in ("", "0")
     return Config(values=values, fixed=frozenset(fixed), topology=topology_from_env(env))
 
 

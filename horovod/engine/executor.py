@@ -7,7 +7,7 @@ copied out.  A single tensor that can be worked on in place skips the staging co
 from __future__ import annotations
 
 from math import prod
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -44,14 +44,8 @@ def deliver_inline(entry: Entry, payload: bytes, dtype: str, shape: Sequence[int
     return entry.output
 
 
-def _row_elems(shape: Sequence[int]) -> int:
-    return prod(shape[1:]) if len(shape) > 1 else 1
-
-
-def split_rows(rows: int, parts: int) -> List[int]:
-    """Reducescatter split: ``rows // parts`` each, the first ``rows % parts`` get one more."""
-    base, extra = divmod(rows, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
+_row_elems = ops.row_elems
+split_rows = ops.split_rows
 
 
 class Executor:
@@ -63,11 +57,37 @@ class Executor:
         transport_for: process set id -> the transport of that set (members only).
     """
 
-    def __init__(self, rank: int, set_ranks: Dict[int, Sequence[int]], transport_for: Callable[[int], Transport]):
+    def __init__(self, rank: int, set_ranks: Dict[int, Sequence[int]], transport_for: Callable[[int], Transport],
+                 config: Any = None):
         self.rank = rank
         self.set_ranks = set_ranks
         self.transport_for = transport_for
         self.fusion = FusionBuffer()
+        self.config = config
+        self.timeline_of: Callable[[], Any] = lambda: None   # the runtime's current timeline (it may be replaced)
+        self._devices: Any = None   # the DeviceExecutor, made at the first GPU response
+
+    @property
+    def devices(self):
+        """The device data plane (NCCL or host-staged), created on first use: CPU-only jobs never load it."""
+        if self._devices is None:
+            from horovod.engine.device_executor import DeviceExecutor, DeviceOptions
+
+            self._devices = DeviceExecutor(self, DeviceOptions.from_config(self.config))
+        return self._devices
+
+    def close(self, abort: bool = True) -> None:
+        """Free device resources (NCCL communicators: aborted after a failure so no GPU waits for a dead peer)."""
+        if self._devices is not None:
+            self._devices.close(abort)
+            self._devices = None
+
+    def activity_prefix(self, resp: Response) -> Optional[str]:
+        """The timeline's name for the data plane of ``resp`` when it is not the host transport's."""
+        if resp.device < 0:
+            return None
+        mode = self._devices.mode(resp.process_set) if self._devices is not None else None
+        return None if mode == "HOST" else "NCCL"   # host-staged GPU work runs on the host transport
 
     # -- helpers --------------------------------------------------------------------------------------
     def _stage_in(self, entry: Optional[Entry], shape, dst: np.ndarray, dtype: str) -> None:
@@ -91,6 +111,12 @@ class Executor:
     # -- dispatch -------------------------------------------------------------------------------------
     def execute(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
         """Run ``resp``; returns one result per entry (the output array, or a tuple for alltoall)."""
+        if resp.device >= 0 and resp.kind != ops.BARRIER:
+            return self.devices.execute(resp, entries)
+        return self.execute_on_host(resp, entries)
+
+    def execute_on_host(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+        """Run ``resp`` on host arrays with the CPU transports."""
         kind = resp.kind
         if kind == ops.ALLREDUCE:
             if resp.payload is not None:

@@ -28,7 +28,8 @@ def response_bytes(resp: Response) -> int:
 
 
 def _key(resp: Response, separate_groups: bool):
-    key = (resp.kind, resp.process_set, resp.dtype, resp.op, resp.root, resp.prescale, resp.postscale, resp.joined)
+    key = (resp.kind, resp.process_set, resp.dtype, resp.op, resp.root, resp.prescale, resp.postscale, resp.joined,
+           resp.device)
     return key + (resp.group,) if separate_groups else key
 
 
@@ -66,7 +67,7 @@ def plan(ready: Sequence[Response], threshold: int, separate_groups: bool = Fals
             current = Response(resp.kind, list(resp.names), resp.process_set, resp.dtype, resp.op, resp.root,
                                resp.prescale, resp.postscale, list(resp.shapes), list(resp.first_dims),
                                list(resp.splits), resp.error, resp.joined, resp.last_joined, resp.payload,
-                               resp.group)
+                               resp.group, resp.error_kind, resp.device)
             current_bytes = size
             out.append(current)
         else:

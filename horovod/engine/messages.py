@@ -39,6 +39,7 @@ class Request:
         splits: for alltoall, rows sent to each member of the set.
         payload: extra data (process-set ranks for ADD_PROCESS_SET), or the bytes of an inline allreduce.
         slot: the sender's response-cache slot holding this request, or -1 (see :mod:`horovod.engine.cache`).
+        device: the GPU the tensor lives on (this rank's index), or -1 for host memory.
     """
 
     rank: int
@@ -55,6 +56,7 @@ class Request:
     splits: Optional[Tuple[int, ...]] = None
     payload: object = None
     slot: int = -1
+    device: int = -1
 
 
 @_pickled_as_tuple
@@ -77,6 +79,7 @@ class Response:
         group: key of the explicit group the tensors belong to (``HOROVOD_DISABLE_GROUP_FUSION``).
         error_kind: what went wrong (ERROR): ``mismatch`` (ranks disagreed), ``stall`` (missing ranks past the
             stall shutdown time) or ``usage`` (a request no rank could have made valid); picks the exception.
+        device: >= 0 when the tensors live on GPUs (the executor's device path), else -1.
     """
 
     kind: int
@@ -96,6 +99,7 @@ class Response:
     payload: object = None
     group: Optional[str] = None
     error_kind: str = "mismatch"
+    device: int = -1
 
 
 ERROR = 8

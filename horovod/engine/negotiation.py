@@ -78,6 +78,11 @@ def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ())
         if other.process_set != first.process_set:
             return _mismatch(name, f"Mismatched process sets: One rank used process set {first.process_set}, "
                                    f"but another rank used process set {other.process_set}.", first, other)
+        if (other.device >= 0) != (first.device >= 0):
+            cpu, gpu = (first, other) if first.device < 0 else (other, first)
+            return _mismatch(name, "Mismatched CPU/GPU device selection: One or more ranks specified device CPU "
+                                   "while other ranks specified device GPU; put the tensor on the same kind of "
+                                   "device on every rank.", cpu, gpu)
         if other.dtype != first.dtype:
             return _mismatch(name, f"Mismatched data types: One rank had type {first.dtype}, but another rank had "
                                    f"type {other.dtype}.", first, other)
@@ -350,7 +355,7 @@ class Coordinator:
                                   f"a rank of the process set {list(pset.ranks)} (tensor '{name}').")
         resp = Response(first.kind, [name], pset.id, dtype=first.dtype, op=first.op, root=first.root,
                         prescale=first.prescale, postscale=first.postscale, shapes=[tuple(first.shape)],
-                        joined=joined, group=first.group[0] if first.group else None)
+                        joined=joined, group=first.group[0] if first.group else None, device=first.device)
         data = [entry.data[r] for r in ranks]
         if first.kind == ops.ALLREDUCE and all(d is not None for d in data):
             resp.payload = reduce_inline(requests, data, len(pset.ranks), bool(joined))

@@ -1,7 +1,8 @@
 """Reduce ops, request kinds and dtype rules shared by the engine and every binding."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from math import prod
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -28,6 +29,17 @@ _NUMPY_OF: Dict[str, np.dtype] = {name: np.dtype(name) for name in SUPPORTED_DTY
 _NUMPY_OF[BFLOAT16] = np.dtype(np.uint16)
 # ``dtype.name`` is computed on every access; the hot path looks the name up instead.
 _NAME_OF: Dict[np.dtype, str] = {dt: name for name, dt in _NUMPY_OF.items() if name != BFLOAT16}
+
+
+def row_elems(shape: Sequence[int]) -> int:
+    """Elements per row (along the first dimension) of a tensor of ``shape``."""
+    return prod(shape[1:]) if len(shape) > 1 else 1
+
+
+def split_rows(rows: int, parts: int) -> List[int]:
+    """Reducescatter split: ``rows // parts`` each, the first ``rows % parts`` get one more."""
+    base, extra = divmod(rows, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def dtype_name(array: np.ndarray, override: Optional[str] = None) -> str:

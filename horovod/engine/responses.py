@@ -46,7 +46,7 @@ class ResponseExecution:
                 continue
             with self._lock:
                 entries = [self._inflight.get((resp.process_set, name)) for name in resp.names]
-            self.timeline.start(resp, entries)
+            self.timeline.start(resp, entries, self.executor.activity_prefix(resp))
             results = self.executor.execute(resp, entries)
             self.timeline.end(resp)
             self._complete(resp, results, entries)

@@ -116,8 +116,9 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         self.mirror_cache = CoordinatorCache() if rank == 0 else None   # rank 0: every worker's slots
         for i, ranks in enumerate(static_sets, start=1):
             self._register_set(i, ranks)
-        self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for)
+        self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for, config)
         self.timeline = Timeline.create(config, rank, world.name)
+        self.executor.timeline_of = lambda: self.timeline
         self._lock = threading.Lock()
         self._inflight: Dict[Tuple[int, str], Entry] = {}
         self._wake_r, self._wake_w = socket.socketpair()

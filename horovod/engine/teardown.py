@@ -95,6 +95,12 @@ class Teardown:
             self.autotuner.close()
         self.timeline.close()
         self.control.close()
+        try:
+            # After an orderly shutdown the GPU finishes what was enqueued; after a failure NCCL is aborted, so no
+            # kernel waits for a dead peer.
+            self.executor.close(abort=not isinstance(self._dead, ShutdownError))
+        except Exception:
+            logger.debug("closing the device data plane failed", exc_info=True)
         for info in list(self.sets.values()):
             if info.transport is not None and info.transport is not self.world:
                 try:

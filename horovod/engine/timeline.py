@@ -36,7 +36,9 @@ class Timeline:
 
     def negotiated(self, responses, now: float) -> None: ...
 
-    def start(self, response, entries) -> None: ...
+    def start(self, response, entries, prefix: Optional[str] = None) -> None: ...
+
+    def activity(self, name: str, begin: bool) -> None: ...
 
     def end(self, response) -> None: ...
 
@@ -105,8 +107,10 @@ class FileTimeline(Timeline):
         if events:
             self._queue.put(events)
 
-    def start(self, response, entries) -> None:
+    def start(self, response, entries, prefix: Optional[str] = None) -> None:
+        """``prefix`` names the data plane when it is not the host transport (``NCCL`` for GPU collectives)."""
         events: List[dict] = []
+        prefix = prefix or self.activity_prefix
         ts = self._ts()
         kind = ops.KIND_NAMES.get(response.kind, str(response.kind))
         activity = "MEMCPY_IN_FUSION_BUFFER" if len(response.names) > 1 else None
@@ -116,7 +120,15 @@ class FileTimeline(Timeline):
             if activity:
                 events.append({"ph": "B", "name": activity, "ts": ts, "pid": pid})
                 events.append({"ph": "E", "ts": ts, "pid": pid})
-            events.append({"ph": "B", "name": f"{self.activity_prefix}_{kind}" if kind != "BARRIER" else kind, "ts": ts, "pid": pid})
+            events.append({"ph": "B", "name": f"{prefix}_{kind}" if kind != "BARRIER" else kind, "ts": ts, "pid": pid})
+        self._queue.put(events)
+
+    def activity(self, name: str, begin: bool) -> None:
+        """A span of the engine's own work outside any tensor (``INIT_NCCL``), on a row of its own."""
+        events: List[dict] = []
+        pid = self._pid("horovod", events)
+        events.append({"ph": "B", "name": name, "ts": self._ts(), "pid": pid} if begin
+                      else {"ph": "E", "ts": self._ts(), "pid": pid})
         self._queue.put(events)
 
     def end(self, response) -> None:

@@ -72,7 +72,10 @@ def check_build_text() -> str:
         lines.append(f"    {mark(_framework_available(module))} {name}")
     lines += ["", "Available Controllers:", f"    {mark(mpi)} MPI", f"    {mark(True)} Gloo", "",
               "Available Tensor Operations:"]
-    for name, ok in (("NCCL", False), ("DDL", False), ("CCL", False), ("MPI", mpi), ("Gloo", True)):
+    from horovod.common import basics
+
+    nccl = basics.nccl_built() > 0
+    for name, ok in (("NCCL", nccl), ("DDL", False), ("CCL", False), ("MPI", mpi), ("Gloo", True)):
         lines.append(f"    {mark(ok)} {name}")
     return "\n".join(lines) + "\n"
 

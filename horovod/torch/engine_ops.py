@@ -36,8 +36,10 @@ _collectives.export(globals())   # init, shutdown, poll, synchronize and the *_a
 
 
 def _check_has_gpu() -> bool:
-    """Whether collectives run on GPU memory directly (never: device tensors are staged through host memory)."""
-    return False
+    """Whether collectives can run on GPU memory directly: CUDA is usable and NCCL loads."""
+    from horovod.common.basics import nccl_built
+
+    return torch.cuda.is_available() and nccl_built() > 0
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op,

@@ -1,9 +1,12 @@
 """Torch tensors ↔ the numpy arrays the engine works on: torch's :class:`~horovod.common.adapter.TensorAdapter`.
 
 A contiguous CPU tensor is handed to the engine as a zero-copy numpy view, so in-place collectives really write
-into the tensor's memory.  Tensors the engine cannot view directly — non-contiguous ones, lazily negated views,
-tensors on an accelerator — are *staged*: copied into a contiguous host tensor, and for in-place collectives the
-result is copied back when the operation is synchronized.  bfloat16 travels as its 16-bit pattern, as the
+into the tensor's memory.  A CUDA tensor is handed over as a device array over its own memory
+(:mod:`horovod.torch.cuda`): the engine runs its collective on the GPU (NCCL) or stages it through pinned host
+memory itself, ordered by CUDA events.  Tensors the engine cannot view directly — non-contiguous ones, lazily
+negated views, tensors on other accelerators — are *staged*: copied into a contiguous tensor (on the same device
+for CUDA, else on the host), and for in-place collectives the result is copied back when the operation is
+synchronized.  bfloat16 travels as its 16-bit pattern, as the
 protocol says; torch reaches those bits through an int16 view (numpy has no bfloat16).
 """
 from __future__ import annotations
@@ -14,6 +17,8 @@ import numpy as np
 import torch
 
 from horovod.common.adapter import BFLOAT16, TensorAdapter, View
+from horovod.engine.device import DeviceArray
+from horovod.torch import cuda
 
 # torch dtype -> engine dtype name (the engine's numpy dtype for it is ops.storage_dtype(name)).
 _ENGINE_DTYPE = {
@@ -62,6 +67,8 @@ class TorchAdapter(TensorAdapter):
             raise ValueError("sparse tensors cannot be reduced densely; use hvd.sparse_allreduce_async or "
                              "DistributedOptimizer(sparse_as_dense=True)")
         dtype = engine_dtype(tensor)
+        if tensor.is_cuda:
+            return self._cuda_view(tensor, dtype)
         host = tensor.detach()
         # Lazily negated views (is_neg) cannot be exported to numpy: they are staged like non-contiguous ones.
         staged = host.device.type != "cpu" or not host.is_contiguous() or host.is_neg()
@@ -69,15 +76,42 @@ class TorchAdapter(TensorAdapter):
             host = host.resolve_neg().to("cpu", memory_format=torch.contiguous_format, copy=True)
         return View(tensor, numpy_view(host), BFLOAT16 if dtype == BFLOAT16 else None, staged)
 
-    def result(self, array: np.ndarray, view: View) -> torch.Tensor:
+    @staticmethod
+    def _cuda_view(tensor: torch.Tensor, dtype: str) -> View:
+        device_tensor = tensor.detach()
+        staged = not device_tensor.is_contiguous() or device_tensor.is_neg()
+        if staged:
+            device_tensor = device_tensor.resolve_neg().contiguous()
+        return View(tensor, cuda.backend().wrap(device_tensor), BFLOAT16 if dtype == BFLOAT16 else None, staged)
+
+    def fresh_output(self, view: View):
+        array = view.array
+        if isinstance(array, DeviceArray):
+            if view.staged:
+                return array
+            return array.backend.empty(array.shape, view.dtype or engine_dtype(view.tensor), array.device,
+                                       torch.cuda.current_stream(array.device))
+        return super().fresh_output(view)
+
+    def result(self, array, view: View) -> torch.Tensor:
         tensor = view.tensor
+        if isinstance(array, DeviceArray):
+            return cuda.wait_done(array)
         out = to_torch(array, tensor.dtype)
         return out if out.device == tensor.device else out.to(tensor.device)
 
-    def write_back(self, tensor: torch.Tensor, array: np.ndarray) -> torch.Tensor:
+    def write_back(self, tensor: torch.Tensor, array) -> torch.Tensor:
+        source = cuda.wait_done(array).view(tensor.shape) if isinstance(array, DeviceArray) \
+            else to_torch(array, tensor.dtype)
         with torch.no_grad():
-            tensor.copy_(to_torch(array, tensor.dtype))
+            tensor.copy_(source)
         return tensor
+
+    def finish_inplace(self, view: View) -> torch.Tensor:
+        if isinstance(view.array, DeviceArray) and not view.staged:
+            cuda.wait_done(view.array)
+            return view.tensor
+        return super().finish_inplace(view)
 
     def splits(self, splits) -> Optional[List[int]]:
         if isinstance(splits, torch.Tensor):
@@ -86,3 +120,9 @@ class TorchAdapter(TensorAdapter):
 
     def received_splits(self, received: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(received)
+
+
+# Joined ranks take part in GPU collectives with zeros on their current device: the engine needs the backend
+# even on a rank that has not handed over a CUDA tensor yet.
+if torch.cuda.is_available():
+    cuda.backend()

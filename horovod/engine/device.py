@@ -1,0 +1,187 @@
+"""Device memory as the engine sees it: a framework-blind descriptor and the protocol a framework implements.
+
+The engine negotiates a CUDA tensor exactly like a host array (name, dtype, shape, process set); only the
+executor treats it differently.  A binding hands the engine a :class:`DeviceArray` instead of a numpy array: its
+shape and storage dtype (numpy's, for negotiation), the device, and the framework tensor that owns the memory.
+What the engine must do *on* the device — allocate, copy, scale, order streams, stage through pinned host
+memory — goes through a :class:`DeviceBackend` that the binding registers (``horovod.torch`` registers one for
+CUDA tensors), so no framework is imported here.
+
+Ordering is by events, never by host synchronisation on the hot path: the binding records ``ready`` on the
+producer's stream; the engine's stream waits for it, runs the collective and records ``done``; the binding makes
+the consumer's stream wait for ``done`` when the caller synchronizes.
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+class DeviceArray:
+    """A C-contiguous array in device memory.
+
+    Attributes:
+        owner: the framework tensor owning the memory (flat or shaped; the backend knows).
+        shape: the logical shape.
+        dtype: the numpy storage dtype (bfloat16 as ``uint16``, as on the host path).
+        device: the device index on this process.
+        backend: the :class:`DeviceBackend` that made it.
+        ready: an event the producer's stream recorded after writing it (``None``: nothing to wait for).
+        done: the event recorded after the last collective that wrote or read it (set by the engine).
+    """
+
+    __slots__ = ("owner", "shape", "dtype", "device", "backend", "ready", "done")
+
+    def __init__(self, owner: Any, shape: Sequence[int], dtype: np.dtype, device: int, backend: "DeviceBackend",
+                 ready: Any = None):
+        self.owner = owner
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.device = device
+        self.backend = backend
+        self.ready = ready
+        self.done: Any = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def ptr(self) -> int:
+        return self.backend.pointer(self)
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device})"
+
+
+class DeviceBackend:
+    """What the engine needs from a framework to work on its device memory.
+
+    Streams and events are the framework's objects; :meth:`stream_handle` gives NCCL the raw ``cudaStream_t``.
+    Every method that takes a ``stream`` enqueues work on it and returns without waiting.
+    """
+
+    name = "abstract"
+
+    # -- devices and streams -----------------------------------------------------------------------------
+    def current_device(self) -> int:
+        raise NotImplementedError
+
+    def set_device(self, device: int) -> None:
+        """Make ``device`` current for the calling thread (NCCL creates communicators on the current device)."""
+        raise NotImplementedError
+
+    def device_id(self, device: int) -> str:
+        """A string naming the physical device (its UUID): two ranks on one GPU have the same id."""
+        raise NotImplementedError
+
+    def new_stream(self, device: int) -> Any:
+        raise NotImplementedError
+
+    def stream_handle(self, stream: Any) -> int:
+        raise NotImplementedError
+
+    def record(self, stream: Any) -> Any:
+        """A new event recorded on ``stream``."""
+        raise NotImplementedError
+
+    def wait(self, stream: Any, event: Any) -> None:
+        """Make ``stream`` wait for ``event`` (no host wait)."""
+        raise NotImplementedError
+
+    def query(self, event: Any) -> bool:
+        """Whether the work before ``event`` has completed (no wait)."""
+        raise NotImplementedError
+
+    def synchronize(self, stream: Any) -> None:
+        """Wait on the host until ``stream``'s work is done (host-staged path only)."""
+        raise NotImplementedError
+
+    # -- memory -------------------------------------------------------------------------------------------
+    def empty(self, shape: Sequence[int], dtype: str, device: int, stream: Any) -> DeviceArray:
+        """New device memory of engine dtype ``dtype``, safe to use on ``stream``."""
+        raise NotImplementedError
+
+    def pointer(self, array: DeviceArray) -> int:
+        raise NotImplementedError
+
+    def slice(self, array: DeviceArray, start: int, count: int, dtype: str) -> DeviceArray:
+        """Elements ``start .. start+count`` of a flat ``array`` reinterpreted as engine dtype ``dtype`` (the fusion
+        buffer is bytes; ``start`` and ``count`` are in elements of ``dtype``)."""
+        raise NotImplementedError
+
+    def keep_alive(self, array: DeviceArray, stream: Any) -> None:
+        """Tell the framework's allocator that ``stream`` uses ``array`` (it must not be reused before)."""
+
+    def copy(self, dst: DeviceArray, src: DeviceArray, stream: Any) -> None:
+        """Device-to-device copy of ``src``'s elements into ``dst`` (same element count and dtype)."""
+        raise NotImplementedError
+
+    def fill_zero(self, array: DeviceArray, stream: Any) -> None:
+        raise NotImplementedError
+
+    def scale(self, array: DeviceArray, factor: float, dtype: str, stream: Any) -> None:
+        """Multiply in place as the host path does (integers truncated; halves computed in float32)."""
+        raise NotImplementedError
+
+    def divide(self, array: DeviceArray, divisor: int, dtype: str, stream: Any) -> None:
+        """Average's division, as the host path does (a true division; integers truncated toward zero)."""
+        raise NotImplementedError
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        """A page-locked host buffer of ``nbytes`` bytes (``uint8``), for asynchronous copies."""
+        raise NotImplementedError
+
+    def to_host(self, dst: np.ndarray, src: DeviceArray, stream: Any) -> None:
+        """Asynchronous device-to-host copy into the pinned ``dst`` (``src.nbytes`` bytes)."""
+        raise NotImplementedError
+
+    def to_device(self, dst: DeviceArray, src: np.ndarray, stream: Any) -> None:
+        """Asynchronous host-to-device copy from the pinned ``src``."""
+        raise NotImplementedError
+
+
+_backends: Dict[str, DeviceBackend] = {}
+
+
+def register_backend(backend: DeviceBackend) -> None:
+    """Make ``backend`` the one for its name (a binding calls this when imported)."""
+    _backends[backend.name] = backend
+
+
+def registered() -> Tuple[DeviceBackend, ...]:
+    return tuple(_backends.values())
+
+
+def default_backend() -> Optional[DeviceBackend]:
+    """The backend a rank without device tensors of its own uses (a joined rank taking part with zeros)."""
+    return next(iter(_backends.values()), None)
+
+
+def is_device(array: Any) -> bool:
+    return isinstance(array, DeviceArray)
+
+
+def nccl_version(path: str = "") -> int:
+    """``major*10000 + minor*100 + patch`` of the NCCL this process can load (``path``: HOROVOD_NCCL_SO_PATH),
+    0 when none loads."""
+    from horovod.transport.nccl_lib import version_code
+
+    return version_code(path)
+
+
+def cuda_devices() -> int:
+    """CUDA devices this machine's driver reports (0 without a driver)."""
+    from horovod.transport.cuda_driver import device_count
+
+    return device_count()

@@ -1,0 +1,131 @@
+"""NCCL communicators: collectives on device memory, given as raw pointers and a CUDA stream handle.
+
+This module knows nothing about frameworks or tensor names: a buffer is an integer device pointer, a stream an
+integer ``cudaStream_t``.  Every call only *enqueues* work on the stream and returns; ordering against the
+producer and the consumer of the data is the caller's business (CUDA events, :mod:`horovod.engine.device`).
+
+Failures: a call that returns an error raises :class:`~horovod.transport.nccl_lib.NcclError`; an error that
+happens later on the GPU (a peer died, a network failure) is seen by :meth:`NcclComm.async_error`, and
+:meth:`NcclComm.abort` frees every kernel of the communicator that waits for a peer, so a dead peer never holds
+a GPU for ever.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from typing import Iterator, Optional
+
+from horovod.transport.nccl_lib import IN_PROGRESS, SUCCESS, NcclError, NcclLibrary, NcclUniqueId
+
+# ncclDataType_t by engine dtype name.  int16/uint16 have no NCCL type: reductions on them are host-staged,
+# and data movement (allgather, broadcast, alltoall) moves any dtype as bytes.
+DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "float16": 6,
+          "float32": 7, "float64": 8, "bfloat16": 9, "bool": 1}
+BYTES = 1   # ncclUint8: what data movement counts in
+
+# ncclRedOp_t by the transport's op name.  A bool is carried as uint8 0/1, where sum/max are OR and
+# min/product are AND, as the CPU transports do.
+SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
+OPS = {"sum": SUM, "product": PROD, "max": MAX, "min": MIN}
+BOOL_OPS = {"sum": MAX, "max": MAX, "product": MIN, "min": MIN}
+
+
+def reduction_dtype(dtype: str, has_bfloat16: bool) -> Optional[int]:
+    """The NCCL type reductions of ``dtype`` run in, or ``None`` when NCCL cannot reduce it (host-staged)."""
+    if dtype == "bfloat16" and not has_bfloat16:
+        return None
+    return DTYPES.get(dtype)
+
+
+def reduction_op(op: str, dtype: str) -> int:
+    return (BOOL_OPS if dtype == "bool" else OPS)[op]
+
+
+def unique_id(lib: NcclLibrary) -> bytes:
+    """A fresh ``ncclUniqueId`` (made by one rank, sent to the others over the control plane)."""
+    uid = NcclUniqueId()
+    lib.check("ncclGetUniqueId", lib.ncclGetUniqueId(ctypes.byref(uid)))
+    return bytes(bytearray(uid.internal))
+
+
+def _id_struct(raw: bytes) -> NcclUniqueId:
+    if len(raw) != ctypes.sizeof(NcclUniqueId):
+        raise ValueError(f"an ncclUniqueId has {ctypes.sizeof(NcclUniqueId)} bytes, got {len(raw)}")
+    uid = NcclUniqueId()
+    ctypes.memmove(ctypes.byref(uid), raw, len(raw))
+    return uid
+
+
+class NcclComm:
+    """One communicator: ``size`` ranks, this one ``rank``, on the current CUDA device of the creating thread.
+
+    Creation is collective: every rank calls it with the same ``uid`` (blocking until all have).
+    """
+
+    def __init__(self, lib: NcclLibrary, uid: bytes, size: int, rank: int):
+        self.lib, self.size, self.rank = lib, size, rank
+        handle = ctypes.c_void_p()
+        lib.check("ncclCommInitRank", lib.ncclCommInitRank(ctypes.byref(handle), size, _id_struct(uid), rank))
+        self.handle: Optional[int] = handle.value
+
+    def _check(self, call: str, code: int) -> None:
+        if code != SUCCESS and code != IN_PROGRESS:
+            self.lib.check(call, code, self.handle)
+
+    # -- collectives (enqueue on ``stream`` and return) ----------------------------------------------------
+    def allreduce(self, send: int, recv: int, count: int, dtype: int, op: int, stream: int) -> None:
+        self._check("ncclAllReduce", self.lib.ncclAllReduce(send, recv, count, dtype, op, self.handle, stream))
+
+    def broadcast(self, send: int, recv: int, count: int, dtype: int, root: int, stream: int) -> None:
+        self._check("ncclBroadcast", self.lib.ncclBroadcast(send, recv, count, dtype, root, self.handle, stream))
+
+    def reduce(self, send: int, recv: int, count: int, dtype: int, op: int, root: int, stream: int) -> None:
+        self._check("ncclReduce", self.lib.ncclReduce(send, recv, count, dtype, op, root, self.handle, stream))
+
+    def allgather(self, send: int, recv: int, count: int, dtype: int, stream: int) -> None:
+        """``count`` elements from every rank, concatenated in rank order into ``recv``."""
+        self._check("ncclAllGather", self.lib.ncclAllGather(send, recv, count, dtype, self.handle, stream))
+
+    def reducescatter(self, send: int, recv: int, count: int, dtype: int, op: int, stream: int) -> None:
+        """``count`` elements of the reduction to every rank (``send`` holds ``size * count``)."""
+        self._check("ncclReduceScatter",
+                    self.lib.ncclReduceScatter(send, recv, count, dtype, op, self.handle, stream))
+
+    def send(self, buf: int, count: int, dtype: int, peer: int, stream: int) -> None:
+        self._check("ncclSend", self.lib.ncclSend(buf, count, dtype, peer, self.handle, stream))
+
+    def recv(self, buf: int, count: int, dtype: int, peer: int, stream: int) -> None:
+        self._check("ncclRecv", self.lib.ncclRecv(buf, count, dtype, peer, self.handle, stream))
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Calls inside run as one NCCL group (sends and receives that must not wait for each other)."""
+        self._check("ncclGroupStart", self.lib.ncclGroupStart())
+        try:
+            yield
+        finally:
+            self._check("ncclGroupEnd", self.lib.ncclGroupEnd())
+
+    # -- health and teardown ---------------------------------------------------------------------------
+    def async_error(self) -> Optional[NcclError]:
+        """An error NCCL met after a call returned (a peer vanished, a network failure), else ``None``."""
+        if self.handle is None:
+            return None
+        code = ctypes.c_int()
+        self.lib.check("ncclCommGetAsyncError", self.lib.ncclCommGetAsyncError(self.handle, ctypes.byref(code)))
+        if code.value in (SUCCESS, IN_PROGRESS):
+            return None
+        return NcclError("an NCCL operation", code.value, self.lib.last_error(self.handle)
+                         or self.lib.error_string(code.value))
+
+    def abort(self) -> None:
+        """Free the communicator at once, ending its kernels that wait for peers (after a failure)."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            self.lib.ncclCommAbort(handle)
+
+    def destroy(self) -> None:
+        """Free the communicator after its work completed (orderly shutdown)."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            self.lib.ncclCommDestroy(handle)
