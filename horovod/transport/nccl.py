@@ -45,7 +45,7 @@ def unique_id(lib: NcclLibrary) -> bytes:
     """A fresh ``ncclUniqueId`` (made by one rank, sent to the others over the control plane)."""
     uid = NcclUniqueId()
     lib.check("ncclGetUniqueId", lib.ncclGetUniqueId(ctypes.byref(uid)))
-    return bytes(bytearray(uid.internal))
+    return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))   # all 128 bytes: .internal stops at a NUL
 
 
 def _id_struct(raw: bytes) -> NcclUniqueId:

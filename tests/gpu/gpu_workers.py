@@ -172,12 +172,10 @@ def optimizer(steps: int = 4) -> Dict[str, object]:
     return {"max_diff": diff, "mode": mode}
 
 
-def timeline(path: str) -> str:
+def timeline() -> str:
     torch, hvd = _setup()
     x = torch.ones(1024, device="cuda")
-    handles = [hvd.allreduce_async(x * i, name=f"t{i}") for i in range(3)]
-    for h in handles:
-        hvd.synchronize(h)
+    hvd.grouped_allreduce([x * i for i in range(3)], name="fused")   # one fused response: the fusion buffer
     hvd.allreduce(x, name="single")
     mode = device_mode()
     hvd.shutdown()

@@ -36,6 +36,14 @@ def test_np1_every_collective_on_nccl():
     assert [r["mode"] for r in results] == ["NCCL"]
 
 
+@pytest.mark.skipif(not NCCL_VERSION, reason="NCCL cannot be loaded here")
+def test_np1_on_two_nccl_streams():
+    results = _run(gpu_workers.collectives, 1, env={"HOROVOD_NUM_NCCL_STREAMS": "2"},
+                   args=(("float32", "bfloat16", "int64"),))
+    assert_no_failures([r["report"] for r in results], minimum_checks=30)
+    assert [r["mode"] for r in results] == ["NCCL"]
+
+
 @pytest.mark.parametrize("np_", [2, 4])
 def test_shared_gpu_is_host_staged_with_a_notice(np_):
     results = _run(gpu_workers.collectives, np_)
