@@ -72,6 +72,8 @@ class DeviceBackend:
     """
 
     name = "abstract"
+    #: whether its memory can be handed to NCCL (a backend over host memory cannot: it is always staged)
+    nccl_capable = True
 
     # -- devices and streams -----------------------------------------------------------------------------
     def current_device(self) -> int:

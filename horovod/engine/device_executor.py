@@ -83,7 +83,7 @@ def choose_mode(records: np.ndarray, size: int) -> Tuple[str, str]:
     multi-rank enabled]`` (one row per member, in set order), and why when it is HOST.  Pure; unit-tested."""
     versions, wants, gpus, multi = records[:, 0], records[:, 1], records[:, 2], records[:, 3]
     if not wants.all():
-        return HOST, "HOROVOD_GPU_OPERATIONS=HOST"
+        return HOST, "HOROVOD_GPU_OPERATIONS=HOST (or device memory NCCL cannot use)"
     if not versions.all():
         missing = [int(r) for r in np.flatnonzero(versions == 0)]
         return HOST, f"NCCL could not be loaded on set rank{'s' if len(missing) > 1 else ''} " \
@@ -193,7 +193,7 @@ class DeviceExecutor:
         if plane is not None:
             return plane
         transport = self.host.transport_for(set_id)
-        wants = self.options.operations != HOST
+        wants = self.options.operations != HOST and backend.nccl_capable
         lib = self._library() if wants else None
         version = 0
         if lib is not None:

@@ -18,7 +18,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 import cloudpickle
 import numpy as np
 
+import emulated_device  # noqa: E402  (beside this file)
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ranks get it with the cases, by value
+cloudpickle.register_pickle_by_value(emulated_device)
 
 ALL_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
               "bool")
@@ -121,6 +124,18 @@ class NumpyAdapter(Adapter):
         return t
 
 
+class DeviceAdapter(NumpyAdapter):
+    """The engine's device path on every transport without a GPU: horovod.numpy's arrays handed over as device
+    arrays of a host-memory backend (tests/conformance/emulated_device.py), so they are negotiated as GPU tensors
+    and staged through host memory by the device executor."""
+
+    name = "device"
+
+    def __init__(self) -> None:
+        super().__init__()
+        emulated_device.install(self.hvd)
+
+
 class TorchAdapter(Adapter):
     name, module, framework = "torch", "horovod.torch", "torch"
 
@@ -140,6 +155,34 @@ class TorchAdapter(Adapter):
         if dtype == "bfloat16":
             return _f32_to_bits(t.detach().float().numpy())
         return t.detach().numpy()
+
+
+class TorchCudaAdapter(TorchAdapter):
+    """horovod.torch on CUDA tensors (a GPU machine: tests/gpu/device_check.sh runs it)."""
+
+    name = "torch-cuda"
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        reason = super().unavailable()
+        if reason is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                return "no CUDA device here (the GPU machine runs these: tests/gpu/device_check.sh)"
+        return reason
+
+    def tensor(self, storage, dtype):
+        cuda = self.torch.cuda
+        cuda.set_device(self.hvd.local_rank() % cuda.device_count())   # one GPU per local rank, where there are
+        return super().tensor(storage, dtype).cuda()
+
+    def storage(self, t, dtype):
+        assert t.is_cuda, f"a torch-cuda result came back on {t.device}"
+        return super().storage(t.cpu(), dtype)
+
+    def same_object(self, result, t):
+        return result is t
 
 
 class TensorflowAdapter(Adapter):
@@ -207,7 +250,8 @@ class MxnetAdapter(Adapter):
         return t.asnumpy()
 
 
-ADAPTERS = {cls.name: cls for cls in (NumpyAdapter, TorchAdapter, TensorflowAdapter, MxnetAdapter)}
+ADAPTERS = {cls.name: cls for cls in (NumpyAdapter, DeviceAdapter, TorchAdapter, TorchCudaAdapter, TensorflowAdapter,
+                                      MxnetAdapter)}
 
 
 def skip_reason(binding: str, dtype: Optional[str] = None, needs_inplace: bool = False) -> Optional[str]:

@@ -28,6 +28,10 @@ from engine_helpers import run, transport_skip_reason
 COMBOS: List[Tuple[str, str, int]] = [(b, t, n) for b in ("numpy", "torch", "tensorflow", "mxnet")
                                       for t, n in (("tcp", 2), ("shm", 3))]
 COMBOS.append(("numpy", "mpi", 2))
+# The device path: emulated over host memory everywhere (staged, as a GPU job without NCCL), on CUDA where a GPU
+# is (np = 1: NCCL; np >= 2 on one GPU: staged, unless NCCL >= 2.30 lets ranks share it).
+COMBOS += [("device", "tcp", 2), ("device", "shm", 3), ("device", "mpi", 2),
+           ("torch-cuda", "tcp", 1), ("torch-cuda", "tcp", 2), ("torch-cuda", "shm", 3)]
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1",
               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
 JOB_TIMEOUT = 300.0
