@@ -14,5 +14,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -m pytest -q -p no:cacheprovider --timeout=300 -rA tests/gpu 2>&1 | tee "$OUT/tests.log" \
     | grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed|Error|error" | cut -c1-400
 status=${PIPESTATUS[0]}
+# The conformance suite's every collective x dtype on CUDA tensors (np = 1 on NCCL; np = 2, 3 on the one GPU).
+"$PY" -m pytest -q -p no:cacheprovider --timeout=600 tests/conformance -k torch-cuda 2>&1 \
+    | tee "$OUT/conformance.log" | grep -E "^(FAILED|ERROR)|passed|failed" | cut -c1-300
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 timeout "${BENCH_TIMEOUT:-240}" "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 exit "$status"

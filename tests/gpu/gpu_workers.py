@@ -139,8 +139,9 @@ def mismatch() -> str:
     return "no error"
 
 
-def optimizer(steps: int = 4) -> Dict[str, object]:
-    """DistributedOptimizer on half batches equals one process on the whole batch (CUDA model)."""
+def optimizer(steps: int = 4, fp16: bool = False) -> Dict[str, object]:
+    """DistributedOptimizer on half batches equals one process on the whole batch (CUDA model); ``fp16``:
+    gradients travel compressed to float16."""
     torch, hvd = _setup()
     rank, size = hvd.rank(), hvd.size()
 
@@ -158,7 +159,8 @@ def optimizer(steps: int = 4) -> Dict[str, object]:
         torch.nn.functional.mse_loss(ref(xb.cuda()), yb.cuda()).backward()
         ref_opt.step()
     net = model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
+                                   compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none)
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     for xb, yb in batches:
@@ -170,6 +172,29 @@ def optimizer(steps: int = 4) -> Dict[str, object]:
     mode = device_mode()
     hvd.shutdown()
     return {"max_diff": diff, "mode": mode}
+
+
+def sync_batch_norm() -> Dict[str, float]:
+    """SyncBatchNorm on each rank's part of a CUDA batch equals BatchNorm on the whole batch (outputs, input
+    gradients, running statistics)."""
+    torch, hvd = _setup()
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    x = torch.randn(4 * size, 3, 5, device="cuda")
+    sync, ref = hvd.SyncBatchNorm(3).cuda(), torch.nn.BatchNorm1d(3).cuda()
+    part = x[4 * rank:4 * rank + 4].clone().requires_grad_()
+    full = x.clone().requires_grad_()
+    out, want = sync(part), ref(full)
+    (out * out).sum().backward()
+    (want * want).sum().backward()
+    mine = slice(4 * rank, 4 * rank + 4)
+    result = {"output": float((out - want[mine]).abs().max()),
+              "grad": float((part.grad - full.grad[mine]).abs().max()),
+              "running_mean": float((sync.running_mean - ref.running_mean).abs().max()),
+              "running_var": float((sync.running_var - ref.running_var).abs().max()),
+              "on_gpu": float(out.is_cuda and part.grad.is_cuda)}
+    hvd.shutdown()
+    return result
 
 
 def timeline() -> str:

@@ -75,6 +75,17 @@ def test_distributed_optimizer_matches_one_process(mode_env):
     assert {r["mode"] for r in results} == ({"NCCL"} if mode_env else {"HOST"})
 
 
+def test_fp16_compression_on_gpu():
+    for r in _run(gpu_workers.optimizer, 2, args=(4, True)):
+        assert r["max_diff"] < 2e-3, r
+
+
+def test_sync_batch_norm_on_gpu():
+    for r in _run(gpu_workers.sync_batch_norm, 2):
+        assert r["on_gpu"] == 1.0, r
+        assert max(r["output"], r["grad"], r["running_mean"], r["running_var"]) < 1e-4, r
+
+
 def test_cpu_and_gpu_tensors_under_one_name_fail_every_rank():
     results = _run(gpu_workers.mismatch, 2)
     for text in results:
