@@ -2,6 +2,7 @@
 # The GPU checks, as one prepared run on a machine with an NVIDIA GPU (PyTorch with CUDA and an NCCL wheel
 # installed; nothing to build).  Prints one line per check (pytest -rA) and the allreduce bandwidth table.
 #   bash tests/gpu/device_check.sh            # logs and the benchmark's JSON under $OUT (default /tmp/hvd-gpu)
+#   SKIP_BENCH=1 bash tests/gpu/device_check.sh   # the checks only
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -18,5 +19,5 @@ status=${PIPESTATUS[0]}
 "$PY" -m pytest -q -p no:cacheprovider --timeout=600 tests/conformance -k torch-cuda 2>&1 \
     | tee "$OUT/conformance.log" | grep -E "^(FAILED|ERROR)|passed|failed" | cut -c1-300
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-timeout "${BENCH_TIMEOUT:-240}" "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+[ "${SKIP_BENCH:-0}" = 1 ] || timeout "${BENCH_TIMEOUT:-240}" "$PY" benchmarks/gpu.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 exit "$status"
