@@ -99,6 +99,8 @@ class TorchCudaBackend(DeviceBackend):
         array.owner.record_stream(stream)
 
     def copy(self, dst: DeviceArray, src: DeviceArray, stream: Any) -> None:
+        if not src.nbytes:
+            return
         with torch.cuda.stream(stream):
             _flat(dst).copy_(_flat(src))
 
@@ -139,11 +141,15 @@ class TorchCudaBackend(DeviceBackend):
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
     def to_host(self, dst: np.ndarray, src: DeviceArray, stream: Any) -> None:
+        if not src.nbytes:   # empty tensors may have zero strides, which byte views refuse
+            return
         host = torch.from_numpy(dst.reshape(-1).view(np.uint8))
         with torch.cuda.stream(stream):
             host.copy_(_flat(src).view(torch.uint8), non_blocking=True)
 
     def to_device(self, dst: DeviceArray, src: np.ndarray, stream: Any) -> None:
+        if not dst.nbytes:
+            return
         host = torch.from_numpy(np.ascontiguousarray(src).reshape(-1).view(np.uint8))
         with torch.cuda.stream(stream):
             _flat(dst).view(torch.uint8).copy_(host, non_blocking=True)

@@ -184,6 +184,11 @@ class TorchCudaAdapter(TorchAdapter):
     def same_object(self, result, t):
         return result is t
 
+    def alltoall(self, x, splits, name):
+        out, received = super().alltoall(x, splits, name)
+        assert received is None or not received.is_cuda, "received splits are a host tensor, as the original's"
+        return out, None if received is None else received.cuda()
+
 
 class TensorflowAdapter(Adapter):
     """Eager TensorFlow through ``horovod.tensorflow``'s public functions."""
