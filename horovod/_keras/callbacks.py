@@ -25,7 +25,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast the model's weights and the optimizer's variables from ``root_rank`` to every rank.
 
     Runs when training begins (before the first step, so every rank starts from the root's weights) and, if the
-    optimizer had no variables yet then, once more after the first batch for them.  Every rank must use it.
+    optimizer had no variables yet then, once more after the first batch for them.  A model that is built by its
+    first batch (a ``Sequential`` without an input shape) has no weights when training begins: then everything is
+    broadcast at the end of the first batch, as the original always did.  Every rank must use it.
 
     Args:
         root_rank: global rank whose values win.
@@ -49,8 +51,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         hvd.broadcast_variables(variables, root_rank=self.root_rank)
 
     def on_train_begin(self, logs=None):
-        if self.broadcast_done:
-            return
+        if self.broadcast_done or not getattr(self.model, "built", True):
+            return   # not built yet (tf_keras raises on model.weights): on_batch_end broadcasts
         optimizer = getattr(self.model, "optimizer", None)
         optimizer_ready = optimizer is not None and bool(getattr(optimizer, "built", False))
         self._broadcast(include_optimizer=optimizer_ready)

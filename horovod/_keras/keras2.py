@@ -64,9 +64,17 @@ class Keras2DistributedOptimizerMixin:
         return list(reduced)
 
     @not_converted
-    def _compute_gradients(self, loss, var_list, *args, **kwargs):
-        """The wrapped optimizer's ``_compute_gradients``, reduced across ranks (legacy ``minimize``/``fit``)."""
-        pairs = list(super()._compute_gradients(loss, var_list, *args, **kwargs))
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """The wrapped optimizer's ``_compute_gradients``, reduced across ranks (legacy ``minimize``/``fit``).
+
+        The new ``tf_keras`` optimizers have no ``_compute_gradients``: there it falls back to their
+        ``compute_gradients`` (``grad_loss`` unused), as the original did, so scripts calling it keep working.
+        """
+        parent = super()
+        if hasattr(parent, "_compute_gradients"):
+            pairs = list(parent._compute_gradients(loss, var_list, grad_loss, tape=tape))
+        else:
+            pairs = list(parent.compute_gradients(loss, var_list, tape=tape))
         variables = [v for _, v in pairs]
         return list(zip(self._hvd_reduce([g for g, _ in pairs], variables), variables))
 

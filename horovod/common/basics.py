@@ -8,6 +8,7 @@ import os
 import threading
 from typing import Optional, Sequence, Union
 
+from horovod.common import mpi_abort
 from horovod.common.process_sets import ProcessSet, global_process_set, registered_process_sets
 from horovod.engine import config as _config
 from horovod.engine import result_pool
@@ -106,6 +107,9 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+    if mpi_comm is not None or cfg.topology.launched_by == "mpirun":
+        # MPI is initialised now: an uncaught exception on this rank must end the whole mpirun job.
+        mpi_abort.install_excepthook()
 
 
 def shutdown() -> None:

@@ -91,7 +91,8 @@ def divide_inplace(buf: np.ndarray, divisor: int) -> None:
         np.trunc(quotient, out=quotient)
         np.copyto(buf, quotient, casting="unsafe")
     elif buf.dtype == np.float16:
-        np.divide(buf, np.float32(divisor), out=buf, casting="unsafe")
+        # dtype= makes the float32 loop explicit: NumPy 1.x's value-based casting would pick the half loop.
+        np.divide(buf, divisor, out=buf, dtype=np.float32, casting="unsafe")
     else:
         np.divide(buf, buf.dtype.type(divisor), out=buf)
 
@@ -147,7 +148,8 @@ def scale_inplace(buf: np.ndarray, factor: float) -> None:
         if factor == 0:
             buf[...] = False
     elif buf.dtype == np.float16:
-        # In float32 with a float32 factor, rounded once to half (a half factor would lose 3 digits first).
-        np.multiply(buf, np.float32(factor), out=buf, casting="unsafe")
+        # In float32, rounded once to half (a half factor would lose 3 digits first). dtype= makes the float32
+        # loop explicit: NumPy 1.x's value-based casting picks the half loop for a float32 scalar operand.
+        np.multiply(buf, factor, out=buf, dtype=np.float32, casting="unsafe")
     else:
         np.multiply(buf, buf.dtype.type(factor), out=buf)

@@ -89,7 +89,12 @@ class MxnetAdapter(TensorAdapter):
         return write_back(tensor, array)
 
     def splits(self, splits):
-        return super().splits(splits.asnumpy() if isinstance(splits, NDArray) else splits)
+        values = splits.asnumpy() if isinstance(splits, NDArray) else splits
+        dtype = getattr(values, "dtype", None)
+        if dtype is not None and np.dtype(dtype).kind not in "iu":
+            raise ValueError(f"alltoall splits must hold integers (int32), got dtype {np.dtype(dtype).name}; "
+                             f"pass e.g. mx.nd.array(splits, dtype='int32').")
+        return super().splits(values)
 
     def received_splits(self, received: np.ndarray) -> NDArray:
         return mx.nd.array(np.asarray(received, dtype=np.int32), ctx=mx.cpu(), dtype=np.int32)
@@ -102,6 +107,13 @@ def _priority(priority) -> int:
     if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
         raise ValueError(f"priority must be an int (higher runs earlier), got {priority!r}.")
     return int(priority)
+
+
+def _check_not_scalar(tensors: Sequence[NDArray], what: str) -> None:
+    # Every rank checks its own input before any collective starts, so all ranks raise (not one result of one
+    # row and one of none).
+    if any(t.shape == () for t in tensors):
+        raise ValueError(f"{what} does not support scalar inputs")
 
 
 def _tensor_list(tensors, what: str) -> List[NDArray]:
@@ -235,7 +247,8 @@ def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority:
 
     Args:
         tensor: rows to scatter along dimension 0.
-        splits: rows per destination (list, numpy array or NDArray); ``None`` splits evenly.
+        splits: rows per destination (list, numpy array or NDArray of integers; a floating array raises
+            ``ValueError``); ``None`` splits evenly.
 
     Returns:
         The gathered NDArray; with ``splits`` given, ``(output, received_splits)`` where ``received_splits`` is an
@@ -253,9 +266,14 @@ def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority:
 def reducescatter(tensor: NDArray, op: int = Average, name: Optional[str] = None, priority: int = 0,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> NDArray:
-    """Reduce ``tensor`` over the set and return this rank's block of rows (lower ranks get the extra rows)."""
+    """Reduce ``tensor`` over the set and return this rank's block of rows (lower ranks get the extra rows).
+
+    Raises:
+        ValueError: ``tensor`` is a scalar (shape ``()``), on every rank.
+    """
     _priority(priority)
     _check(tensor, "reducescatter")
+    _check_not_scalar([tensor], "reducescatter")
     return binding_ops.complete(binding_ops.reducescatter(
         _ADAPTER, [tensor], [op_name("reducescatter", name, process_set)], op, prescale_factor, postscale_factor,
         _set_id(process_set), grouped=False))
@@ -268,6 +286,7 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: int = Average, name: O
     """:func:`reducescatter` of a list of NDArrays as one atomic group."""
     _priority(priority)
     tensors = _tensor_list(tensors, "grouped_reducescatter")
+    _check_not_scalar(tensors, "grouped_reducescatter")
     if not tensors:
         return []
     names, _ = group_op_names("grouped_reducescatter", name, len(tensors), process_set)

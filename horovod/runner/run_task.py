@@ -13,6 +13,7 @@ from typing import Any, List, Optional, Sequence
 
 import cloudpickle
 
+from horovod.common import mpi_abort
 from horovod.engine import config
 from horovod.transport.rendezvous import RendezvousClient
 
@@ -99,4 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status:
+        mpi_abort.abort(status)   # under mpirun (use_mpi=True): end every rank now, not at their MPI_Finalize
+    sys.exit(status)

@@ -52,9 +52,10 @@ def check_num_rank_power_of_2(num_rank: int) -> bool:
 def __getattr__(name: str):
     # Keras (and the elastic states) load on first use: importing horovod.tensorflow stays light.
     if name == "SyncBatchNormalization":
-        from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
+        # The layer of the Keras tf.keras is (Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1).
+        from horovod.tensorflow.sync_batch_norm import active_class
 
-        return SyncBatchNormalization
+        return active_class()
     if name in ("keras", "elastic"):
         import importlib
 

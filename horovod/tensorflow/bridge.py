@@ -16,10 +16,15 @@ Errors.  In eager mode an engine failure (mismatch across ranks, peer failure, s
 :class:`HorovodFailedPreconditionError`, which is both a ``tf.errors.FailedPreconditionError`` (what the original
 raised) and a :class:`~horovod.common.exceptions.HorovodInternalError` (what elastic training catches); invalid
 arguments are raised as :class:`HorovodInvalidArgumentError` (a ``tf.errors.InvalidArgumentError`` and a
-``ValueError``).  Inside a graph, TF converts exceptions raised by Python nodes itself: ``ValueError`` becomes
-``tf.errors.InvalidArgumentError`` and engine failures become ``tf.errors.UnknownError``; the message names the
-node (``HorovodAllreduce`` …) and carries the engine's text, e.g. ``MismatchError: Mismatched ALLREDUCE tensor
-shapes: …``.
+``ValueError``).  Inside a graph (``tf.function`` or a TF1 session) the same failures are
+``tf.errors.FailedPreconditionError`` and ``tf.errors.InvalidArgumentError``, as the original's C++ kernels
+reported them; the message carries the engine's text, e.g. ``MismatchError: Mismatched ALLREDUCE tensor shapes:
+…``.  How: TF turns any exception raised by a Python node (``numpy_function``) into an ``UnknownError`` except
+``ValueError``/``TypeError`` (``InvalidArgumentError``), and no TF op fails with a chosen code and message.  So a
+graph kernel catches engine failures and returns the message as one more output, and :func:`_fail_on_error`
+reads the file ``/dev/null`` + ``"/" + message`` after it: on success that is ``/dev/null`` (empty); on failure the
+path goes through a file, which the OS answers with ``ENOTDIR`` and TensorFlow with a
+``FailedPreconditionError`` whose message is ``/dev/null/<engine message>; Not a directory``.
 """
 from __future__ import annotations
 
@@ -145,30 +150,67 @@ def run(kernel: Kernel, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DTy
             raise translate_error(exc) from exc
         return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, out_dtypes)]
     graph_kernel = _graph_kernel(kernel, out_dtypes)
-    if graph_ops.orders_stateful_ops(tf.compat.v1.get_default_graph()):
+    kernel_dtypes = list(out_dtypes) + [tf.string]
+    in_function = graph_ops.orders_stateful_ops(tf.compat.v1.get_default_graph())
+    if in_function:
         # tf.function: automatic control dependencies run the collectives in program order on every rank.
-        outputs = tf.numpy_function(graph_kernel, list(inputs), list(out_dtypes), stateful=True, name=op_type)
-        if not isinstance(outputs, (list, tuple)):
-            outputs = [outputs]
-        outputs = list(outputs)
+        outputs = list(tf.numpy_function(graph_kernel, list(inputs), kernel_dtypes, stateful=True, name=op_type))
     else:
         # TF1 graph: independent collectives run concurrently; each waits on a thread of its own.
-        outputs = graph_ops.off_pool_call(graph_kernel, inputs, out_dtypes, op_type)
+        outputs = graph_ops.off_pool_call(graph_kernel, inputs, kernel_dtypes, op_type)
+    outputs = _fail_on_error(outputs[:-1], outputs[-1], op_type)
     for out, shape in zip(outputs, out_shapes or []):
         if shape is not None:
             out.set_shape(shape)
     return outputs
 
 
+# The longest engine message carried into a graph error (the whole path must stay below PATH_MAX).
+_MAX_MESSAGE_BYTES = 3000
+
+
+def _graph_error_message(exc: BaseException) -> bytes:
+    """``b"/" + message`` for :func:`_fail_on_error` (no NUL, bounded length)."""
+    text = f"{type(exc).__name__}: {exc}".replace("\x00", " ")
+    raw = text.encode("utf-8")
+    if len(raw) > _MAX_MESSAGE_BYTES:
+        raw = raw[:_MAX_MESSAGE_BYTES].decode("utf-8", "ignore").encode("utf-8") + b" ..."
+    return b"/" + raw
+
+
+def _is_precondition_failure(exc: BaseException) -> bool:
+    """Errors the original's kernels reported as FailedPrecondition: engine failures and a missing ``init()``."""
+    return isinstance(exc, HorovodInternalError) or (isinstance(exc, ValueError) and str(exc) == NOT_INITIALIZED)
+
+
 def _graph_kernel(kernel: Kernel, out_dtypes: Sequence[tf.DType]) -> Kernel:
     numpy_dtypes = [d.as_numpy_dtype for d in out_dtypes]
 
     def call(*arrays):
-        results = _attended(kernel, arrays)
+        try:
+            results = _attended(kernel, arrays)
+        except (HorovodInternalError, ValueError) as exc:
+            if not _is_precondition_failure(exc):
+                raise   # TF reports a ValueError as InvalidArgumentError, as the original did
+            # Placeholder outputs: _fail_on_error stops everything that would read them.
+            return [np.zeros((0,), dtype=dt) for dt in numpy_dtypes] + [np.bytes_(_graph_error_message(exc))]
         # numpy_function insists on exact dtypes and ndarray (not numpy scalar) results.
-        return [np.asarray(r, dtype=dt) for r, dt in zip(results, numpy_dtypes)]
+        return [np.asarray(r, dtype=dt) for r, dt in zip(results, numpy_dtypes)] + [np.bytes_(b"")]
 
     return call
+
+
+def _fail_on_error(outputs: List[tf.Tensor], error: tf.Tensor, op_type: str) -> List[tf.Tensor]:
+    """The kernel's outputs, gated on a node that fails with ``FailedPreconditionError`` when ``error`` is not empty
+    (see the module docstring)."""
+    with tf.name_scope(f"{op_type}_status"):
+        check = tf.io.read_file(tf.strings.join(["/dev/null", error]))
+        # A stateful node that reads the check (always true): tf.function runs it even when nothing uses the
+        # outputs, and graph optimisation keeps a control dependency on it (one on the stateless read alone is
+        # pruned in TF1 sessions).
+        anchor = tf.debugging.Assert(tf.equal(tf.strings.length(check), 0), [check])
+        with tf.control_dependencies([anchor]):
+            return [tf.identity(o) for o in outputs]
 
 
 @blocking

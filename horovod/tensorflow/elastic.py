@@ -33,8 +33,9 @@ from horovod.tensorflow.functions import broadcast_object, broadcast_variables
 
 __all__ = ["TensorFlowKerasState", "TensorFlowState", "run"]
 
-# Engine failures inside a graph reach Python as tf.errors.UnknownError whose text names the failing Horovod
-# node or the engine's exception class.
+# Engine failures inside a graph reach Python as tf.errors.FailedPreconditionError (see horovod.tensorflow.bridge;
+# UnknownError from a Python node that failed otherwise) whose text names the failing Horovod node or the engine's
+# exception class.
 _HOROVOD_MARKERS = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather", "HorovodGroupedAllgather",
                     "HorovodBroadcast", "HorovodGroupedBroadcast", "HorovodAlltoall", "HorovodReducescatter",
                     "HorovodGroupedReducescatter", "HorovodInternalError", "PeerFailureError", "ShutdownError",
@@ -49,7 +50,8 @@ def _reset() -> None:
 def _as_horovod_error(exc: BaseException) -> Optional[HorovodInternalError]:
     if isinstance(exc, HorovodInternalError):
         return None   # already what run_fn catches
-    if isinstance(exc, tf.errors.UnknownError) and any(m in str(exc) for m in _HOROVOD_MARKERS):
+    if isinstance(exc, (tf.errors.FailedPreconditionError, tf.errors.UnknownError)) and \
+            any(m in str(exc) for m in _HOROVOD_MARKERS):
         return HorovodInternalError(str(exc))
     return None
 
@@ -58,7 +60,7 @@ def run(func: Callable) -> Callable:
     """Decorator: run ``func(state, ...)`` and, whenever workers fail or hosts change, restore or keep the state,
     re-initialise Horovod with the new workers, synchronise the state and call ``func`` again.
 
-    Failures of Horovod ops inside ``tf.function`` (reported by TF as ``UnknownError``) count as
+    Failures of Horovod ops inside ``tf.function`` (reported by TF as ``FailedPreconditionError``) count as
     ``HorovodInternalError``.
     """
 
@@ -66,7 +68,8 @@ def run(func: Callable) -> Callable:
 
 
 def translate_errors(func: Callable) -> Callable:
-    """Wrap ``func`` so that Horovod failures reported by TF as ``UnknownError`` raise ``HorovodInternalError``."""
+    """Wrap ``func`` so that Horovod failures reported by TF as graph errors (``FailedPreconditionError``,
+    ``UnknownError``) raise ``HorovodInternalError``."""
 
     @functools.wraps(func)
     def translated(*args: Any, **kwargs: Any):

@@ -22,7 +22,7 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.engine import config as _config
 from horovod.tensorflow.bridge import not_converted
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.mpi_ops import _set_size
+from horovod.tensorflow.mpi_ops import _set_size, scale
 from horovod.tensorflow.reduction import allreduce, grouped_allreduce
 
 
@@ -101,6 +101,12 @@ class GradientReducer:
         # One rank: every reduction is the identity, so skip the ops (elastic jobs may grow, so keep them).
         return _set_size(self.process_set) == 1 and not basics.runtime().config.elastic
 
+    def _outside_set(self) -> bool:
+        # A rank that is not a member of the process set keeps its local gradients unchanged (the original's
+        # _allreduce_cond), instead of failing in a collective it cannot join.
+        ranks = self.process_set.ranks
+        return bool(ranks) and self.process_set.process_set_id != 0 and basics.rank() not in ranks
+
     @not_converted
     def __call__(self, grads: Sequence, variables: Optional[Sequence] = None) -> List:
         """Reduce ``grads`` (``None`` entries stay ``None``); ``variables`` identify groups and local variables."""
@@ -111,7 +117,7 @@ class GradientReducer:
         out = list(grads)
         local = [i for i, g in enumerate(grads) if g is not None and self.is_local(variables[i])]
         shared = [i for i, g in enumerate(grads) if g is not None and not self.is_local(variables[i])]
-        if shared and not self._single_rank():
+        if shared and not self._single_rank() and not self._outside_set():
             with tf.name_scope(f"{self.name}_Allreduce"):
                 dense = [i for i in shared if not isinstance(grads[i], tf.IndexedSlices)]
                 keys = [variable_key(variables[i]) if variables[i] is not None else None for i in dense]
@@ -126,8 +132,9 @@ class GradientReducer:
                         out[i] = r
                 for i in shared:
                     if isinstance(grads[i], tf.IndexedSlices):
-                        out[i] = allreduce(grads[i], op=self.op, prescale_factor=self.prescale,
-                                           postscale_factor=self.postscale, process_set=self.process_set)
+                        # Gathered, not summed: the predivide factor (prescale 1/f, postscale f) has nothing to
+                        # split, and the sparse path refuses scale factors.
+                        out[i] = allreduce(grads[i], op=self.op, process_set=self.process_set)
         if local and self.scale_local_gradients:
             size = _set_size(self.process_set)
             if size != 1:
@@ -171,6 +178,6 @@ def pack_buckets(tensors: Sequence, cap: int):
 
 def _scale(grad, factor: float):
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
-    return grad * tf.cast(factor, grad.dtype)
+        return tf.IndexedSlices(scale(grad.values, factor), grad.indices, grad.dense_shape)
+    return scale(grad, factor)
 

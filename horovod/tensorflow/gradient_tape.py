@@ -31,6 +31,22 @@ class _DistributedGradientTapeMixin:
         reduced = self._hvd_reducer(flat_grads, flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
 
+    @not_converted
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
+        """:meth:`gradient`, split by kind of source.
+
+        Returns:
+            ``(local, global)``: lists of ``(source, gradient)`` pairs in the order of ``sources`` — the sources
+            registered as local (their gradients stay on this rank, scaled by ``scale_local_gradients``) and the
+            others (reduced across the process set).  ``use_generic_names`` is accepted for compatibility.
+        """
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(self.gradient(target, sources, output_gradients=output_gradients))
+        local, shared = [], []
+        for source, grad in zip(flat_sources, flat_grads):
+            (local if self._hvd_reducer.is_local(source) else shared).append((source, grad))
+        return local, shared
+
     def register_local_source(self, source) -> None:
         """Keep ``source``'s gradient local to this rank (not reduced; scaled if ``scale_local_gradients``)."""
         self._hvd_reducer.register_local(source)

@@ -71,10 +71,18 @@ def off_pool_call(func: Callable, inputs: Sequence[tf.Tensor], out_dtypes: Seque
     (``DatasetToSingleElement`` is), so TF neither folds nor merges it, and it runs each time it is fetched.
     """
     out_dtypes = list(out_dtypes)
+    inputs = list(inputs)
+    no_inputs = not inputs
+    if no_inputs:
+        # A dataset element cannot be empty (queries and join take no input): carry one ignored scalar.
+        inputs = [tf.constant(0, tf.int8)]
+
+    def call(*arrays):
+        return func() if no_inputs else func(*arrays)
 
     @tf.autograph.experimental.do_not_convert
     def body(*arrays):
-        return tuple(tf.numpy_function(func, list(arrays), out_dtypes, stateful=True, name=name))
+        return tuple(tf.numpy_function(call, list(arrays), out_dtypes, stateful=True, name=name))
 
     with tf.name_scope(name):
         dataset = tf.data.Dataset.from_tensors(tuple(inputs))

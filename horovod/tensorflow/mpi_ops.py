@@ -12,7 +12,8 @@ allreduce          allreduce of the gradient with the same op and scale factors 
 allgather          allreduce-average of the gradient, then this rank's rows
 broadcast          allreduce-average of the gradient on the root, zeros elsewhere
 alltoall           alltoall of the gradient back along the received splits
-reducescatter      allgather of the gradient (divided by the set size for Average)
+reducescatter      allgather of the gradient times the set size for Sum, times 1 for Average (and the scale
+                   factors): :func:`horovod.common.framework_rules.reducescatter_grad_scale`
 =================  ===============================================================================
 
 All ranks of the process set must call each collective, in the same order.
@@ -26,7 +27,9 @@ import tensorflow as tf
 
 from horovod.common import basics
 from horovod.common.basics import Adasum, Average, Max, Min, Sum
-from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
+from horovod.common import framework_rules
+from horovod.common.process_sets import ProcessSet, _set_id as _raw_set_id, global_process_set, \
+    registered_process_sets
 from horovod.engine import collectives
 from horovod.engine import ops as engine_ops
 from horovod.tensorflow import bridge
@@ -36,6 +39,21 @@ from horovod.tensorflow.queries import (join, local_rank_op, local_size_op, proc
 
 
 # -- process-set helpers ------------------------------------------------------------------------------------
+def _set_id(process_set: ProcessSet) -> int:
+    """The id of a registered process set.
+
+    Raises:
+        ValueError: when the op is built, in graphs too (the original's ``ValueError``): the set was never
+            registered, or its id is not one this rank knows.
+    """
+    set_id = _raw_set_id(process_set)
+    if set_id != 0 and set_id not in registered_process_sets():
+        raise ValueError(f"Process set id {set_id} is not registered on this rank "
+                         f"(registered: {sorted(registered_process_sets())}); pass the ProcessSet that "
+                         f"hvd.init(process_sets=...) or hvd.add_process_set() returned.")
+    return set_id
+
+
 def _set_size(process_set: ProcessSet) -> int:
     return basics.size() if _set_id(process_set) == 0 else len(process_set.ranks)
 
@@ -63,6 +81,17 @@ def _check_not_scalar(tensor: tf.Tensor, what: str) -> None:
 
 def _is_differentiable(dtype: tf.DType) -> bool:
     return dtype.is_floating or dtype.is_complex
+
+
+def scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    """``tensor * factor`` in the framework (half precision multiplied in float32, see
+    :func:`horovod.common.framework_rules.scaling_dtype`)."""
+    if factor == 1.0:
+        return tensor
+    wide = tf.as_dtype(framework_rules.scaling_dtype(tensor.dtype.name))
+    if wide == tensor.dtype:
+        return tensor * tf.cast(factor, tensor.dtype)
+    return tf.cast(tf.cast(tensor, wide) * tf.cast(factor, wide), tensor.dtype)
 
 
 # -- kernels (run when the op executes) ---------------------------------------------------------------------
@@ -365,8 +394,8 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
     the same order.
 
     Returns:
-        ``(output, received_splits)``: the received rows concatenated in rank order, and how many rows came
-        from each member (int32).
+        The received rows concatenated in rank order; with ``splits`` given, ``(output, received_splits)`` where
+        ``received_splits`` (int32) says how many rows came from each member.
     """
     tensor = tf.convert_to_tensor(tensor)
     _check_not_scalar(tensor, "alltoall")
@@ -394,7 +423,7 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
         return (y, received), grad
 
     output, received = forward(tensor, splits_t)
-    return output, received
+    return (output, received) if with_splits else output
 
 
 # -- reducescatter ------------------------------------------------------------------------------------------
@@ -424,7 +453,9 @@ def _grouped_reducescatter(tensors, name=None, op: int = Average, process_set: P
     for t in tensors:
         _check_not_scalar(t, "reducescatter")
     set_id = _set_id(process_set)
-    set_size, set_rank = _set_size(process_set), _set_rank(process_set)
+    set_size = _set_size(process_set)
+    # A rank outside the set gets the engine's error when the op runs (InvalidArgumentError, as the original).
+    set_rank = _set_rank(process_set) if set_id == 0 or basics.rank() in process_set.ranks else None
     op_type = "HorovodReducescatter" if _single else "HorovodGroupedReducescatter"
     base = bridge.base_name(op_type, name, ignore_name_scope)
     kernel = _reducescatter_kernel(base, op, prescale_factor, postscale_factor, set_id, len(tensors),
@@ -434,13 +465,13 @@ def _grouped_reducescatter(tensors, name=None, op: int = Average, process_set: P
         if x.shape.rank is None:
             return None
         rows = x.shape[0]
-        first = None if rows is None else _scatter_rows(rows, set_size, set_rank)
+        first = None if rows is None or set_rank is None else _scatter_rows(rows, set_size, set_rank)
         return tf.TensorShape([first]).concatenate(x.shape[1:])
 
     def grads_of_live(live, upstream):
         gathered = _grouped_allgather(upstream, None, ignore_name_scope, process_set)
-        factor = prescale_factor * postscale_factor / (set_size if op == Average else 1)
-        return [g if factor == 1.0 else g * tf.cast(factor, g.dtype) for g in gathered]
+        factor = framework_rules.reducescatter_grad_scale(op, prescale_factor, postscale_factor, set_size)
+        return [scale(g, factor) for g in gathered]
 
     return _run_differentiable(kernel, op_type, tensors, out_shape,
                                lambda xs, ys, dys: _live_grads(xs, ys, dys, grads_of_live))

@@ -6,10 +6,10 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
-from horovod.common.basics import Average, Sum
+from horovod.common import framework_rules
+from horovod.common.basics import Average
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.util import handle_average_backwards_compatibility
-from horovod.engine import ops as engine_ops
 from horovod.tensorflow.bridge import not_converted
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.mpi_ops import (_grouped_allgather, _grouped_allreduce, _grouped_reducescatter, _set_size)
@@ -17,21 +17,17 @@ from horovod.tensorflow.mpi_ops import (_grouped_allgather, _grouped_allreduce, 
 
 def _sparse_allreduce(slices: tf.IndexedSlices, name, op, prescale_factor, postscale_factor, process_set,
                       ignore_name_scope) -> tf.IndexedSlices:
-    """IndexedSlices travel as two allgathers (values and indices, one group); duplicates sum when densified."""
-    if op not in (Sum, Average):
-        raise NotImplementedError(f"allreduce of IndexedSlices supports only hvd.Sum and hvd.Average, got "
-                                  f"{engine_ops.OP_NAMES.get(op, op)}; pass sparse_as_dense=True or densify "
-                                  f"the tensor with tf.convert_to_tensor first.")
+    """IndexedSlices travel as two allgathers (values and indices, one group); duplicates sum when densified.
+
+    Average divides the gathered values by the set size with TF's true division (integer values become floating
+    point); pre/postscale factors and ops other than Sum/Average raise ``NotImplementedError``, before any
+    collective starts (:mod:`horovod.common.framework_rules`).
+    """
+    framework_rules.check_sparse_allreduce(op, prescale_factor, postscale_factor)
+    divisor = framework_rules.sparse_average_divisor(op, _set_size(process_set))
     values, indices = _grouped_allgather([slices.values, slices.indices], name, ignore_name_scope, process_set)
-    factor = prescale_factor * postscale_factor
-    if op == Average:
-        size = _set_size(process_set)
-        if values.dtype.is_integer:
-            values = values // tf.cast(size, values.dtype)
-        else:
-            factor /= size
-    if factor != 1.0:
-        values = values * tf.cast(factor, values.dtype)
+    if divisor is not None:
+        values = values / tf.cast(divisor, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -43,7 +39,8 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
     """Reduce ``tensor`` across the ranks of the process set (default: average).
 
     ``tensor`` may be a ``tf.Tensor``, a ``tf.Variable`` (its value is reduced) or ``tf.IndexedSlices`` (values
-    and indices are allgathered; only Sum and Average).  Differentiable.  ``device_*`` are accepted for
+    and indices are allgathered; only Sum and Average, no scale factors; Average divides integer values into
+    floating point ones, as ``values / size`` does).  Differentiable.  ``device_*`` are accepted for
     compatibility (everything runs on the host).  All ranks of the process set must call it, in the same order.
 
     Args:
@@ -57,8 +54,9 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
         A tensor of the same shape and dtype (``IndexedSlices`` for ``IndexedSlices``).
 
     Raises:
-        tf.errors.FailedPreconditionError (eager; also ``hvd.HorovodInternalError``): ranks disagreed or a peer
-            failed. Inside ``tf.function`` TF reports it as ``tf.errors.UnknownError`` with the same text.
+        tf.errors.FailedPreconditionError (eager, also ``hvd.HorovodInternalError``; in graphs when the op
+            runs): ranks disagreed or a peer failed.
+        NotImplementedError: ``IndexedSlices`` with an op other than Sum/Average or with a scale factor.
     """
     op = handle_average_backwards_compatibility(op, average)
     if isinstance(tensor, tf.IndexedSlices):
@@ -82,6 +80,9 @@ def grouped_allreduce(tensors: Sequence, average=None, device_dense: str = "", d
     """
     op = handle_average_backwards_compatibility(op, average)
     tensors = list(tensors)
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        # Refuse before the dense group starts, so every rank stops at the same point.
+        framework_rules.check_sparse_allreduce(op, prescale_factor, postscale_factor)
     out: List = [None] * len(tensors)
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     compressed, ctxs = [], []

@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from horovod.common import framework_rules
 from horovod.common.basics import Average, rank
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.torch import engine_ops as _ops
@@ -225,10 +226,7 @@ def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
 
 # -- reducescatter ---------------------------------------------------------------------------------------
 def _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set) -> float:
-    scale = prescale_factor * postscale_factor
-    if op != Average:
-        scale *= _set_size(process_set)
-    return scale
+    return framework_rules.reducescatter_grad_scale(op, prescale_factor, postscale_factor, _set_size(process_set))
 
 
 class HorovodReducescatter(torch.autograd.Function):

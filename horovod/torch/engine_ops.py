@@ -21,6 +21,7 @@ from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_
                                    is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                                    mpi_threads_supported, nccl_built, rank, rocm_built, size, start_timeline,
                                    stop_timeline)
+from horovod.common import framework_rules
 from horovod.common.binding_ops import HandleCollectives
 from horovod.common.exceptions import HorovodInternalError  # noqa: F401  (re-exported)
 from horovod.common.process_sets import (ProcessSet, add_process_set,  # noqa: F401
@@ -61,8 +62,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op,
     def result() -> torch.Tensor:
         all_values = _collectives.synchronize(h_values)
         all_indices = _collectives.synchronize(h_indices)
-        if op == Average:
-            all_values = all_values / set_size
+        divisor = framework_rules.sparse_average_divisor(op, set_size)
+        if divisor is not None:
+            all_values = all_values / divisor
         return torch.sparse_coo_tensor(all_indices.t(), all_values, tensor.size(), dtype=all_values.dtype,
                                        device=tensor.device)
 

@@ -213,10 +213,6 @@ class TensorflowAdapter(Adapter):
             return _f32_to_bits(self.tf.cast(t, self.tf.float32).numpy())
         return np.asarray(t.numpy())
 
-    def alltoall(self, x, splits, name):
-        out, received = self.hvd.alltoall(x, splits=splits, name=op_name(name))
-        return out, received
-
 
 class MxnetAdapter(Adapter):
     name, module, framework = "mxnet", "horovod.mxnet", "mxnet"

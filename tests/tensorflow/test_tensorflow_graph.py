@@ -94,7 +94,9 @@ def _expected(r, n, i):
         "g_ag": mine["g_ag_c"][ag_offset:ag_offset + r + 1],
         "g_bc": (np.mean([x["g_bc_c"] for x in ins], axis=0) if r == g_root else np.zeros(4)),
         "g_a2a": np.concatenate([np.full((my_splits[q], 2), float(q + 1)) for q in range(n)]),
-        "g_rs": np.concatenate([np.full((_scatter_rows(2 * n + i % 2, n, q), 3), float(q + 1)) for q in range(n)]),
+        # reducescatter(Sum)'s gradient: the allgathered upstream times the set size (Horovod 0.28.1's rule)
+        "g_rs": n * np.concatenate([np.full((_scatter_rows(2 * n + i % 2, n, q), 3), float(q + 1))
+                                    for q in range(n)]),
         "g_gar": [n * c for c in mine["g_gar_c"]],
     }
 

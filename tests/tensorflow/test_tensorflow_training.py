@@ -311,7 +311,7 @@ def test_elastic_states():
             np.testing.assert_allclose(a, b, atol=1e-6)
         np.testing.assert_allclose(res["tf_state"][0], [0.0, 1.0])
         assert res["tf_state"][1] == 0
-        assert res["failure"] == ["HorovodInternalError", "UnknownError"]
+        assert res["failure"] == ["HorovodInternalError", "FailedPreconditionError"]
 
 
 # -- gradient buckets ---------------------------------------------------------------------------------------
