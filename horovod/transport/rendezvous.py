@@ -47,6 +47,8 @@ HEADER_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 60.0
 #: Open connections at most; beyond it the oldest one that has not made a signed request goes.
 MAX_CONNECTIONS = 4096
+#: Connections the kernel queues before the event loop accepts them (a flood must not make a worker wait).
+LISTEN_BACKLOG = 1024
 LOG_EVERY_S = 10.0
 
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 413: "Payload Too Large"}
@@ -121,7 +123,7 @@ class RendezvousServer:
         self.secret = secret
         self.host = host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.create_server((host, 0), family=family, backlog=1024)
+        self._sock = socket.create_server((host, 0), family=family, backlog=LISTEN_BACKLOG)
         self.port = self._sock.getsockname()[1]
         self.refusals = _Refusals()
         self._nonces: Dict[str, float] = {}
@@ -153,8 +155,10 @@ class RendezvousServer:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
+        # start_server listens again on the socket it is given, with its own default backlog (100) unless told.
         server = self._loop.run_until_complete(
-            asyncio.start_server(self._connection, sock=self._sock, limit=MAX_HEADER_BYTES))
+            asyncio.start_server(self._connection, sock=self._sock, limit=MAX_HEADER_BYTES,
+                                 backlog=LISTEN_BACKLOG))
         self._ready.set()
         try:
             self._loop.run_forever()

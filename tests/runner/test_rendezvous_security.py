@@ -124,3 +124,25 @@ def test_refusals_are_logged_once_then_summarised(server, caplog):
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert 1 <= len(warnings) <= 2, [r.getMessage() for r in warnings]
     assert server.refusals.count == 50
+
+
+def _listen_backlog(port: int) -> int:
+    """The accept queue's limit of the listening socket on ``port``, as the kernel reports it (``ss``'s Send-Q)."""
+    import shutil
+    import subprocess
+    if shutil.which("ss") is None:
+        pytest.skip("needs ss (iproute2) to read a listening socket's backlog")
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, timeout=10).stdout
+    fields = out.split()
+    assert fields, f"ss does not list a listening socket on port {port}: {out!r}"
+    return int(fields[2])
+
+
+def test_the_listen_backlog_is_the_one_asked_for_not_asyncios_default(server):
+    # asyncio.start_server(sock=...) calls listen() again; with its default the queue would be 100.
+    assert _listen_backlog(server.port) == min(rendezvous.LISTEN_BACKLOG, _somaxconn())
+
+
+def _somaxconn() -> int:
+    with open("/proc/sys/net/core/somaxconn") as f:
+        return int(f.read())
