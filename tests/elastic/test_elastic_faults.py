@@ -8,6 +8,8 @@ committed sequence.  Waits are bounded; a hang fails the test with the job's out
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from elastic_helpers import check_training, third_host
@@ -154,3 +156,19 @@ def test_below_min_np_times_out(elastic_job):
     err = job.stderr()
     assert "Timed out after 2 s waiting for 2 usable slots (--min-np 2)" in err, err
     assert "Discovered hosts: localhost:1" in err
+
+
+@pytest.mark.parametrize("hosts", [[f"{H1}:2"], [f"{H1}:1", f"{H2}:1"]], ids=["one-host", "two-hosts"])
+def test_every_worker_failing_fails_the_job_at_once(elastic_job, tmp_path, hosts):
+    """Nothing is left to continue from: no waiting --elastic-timeout (600 s here) for slots that cannot come."""
+    script = tmp_path / "failing_worker.py"
+    script.write_text("import sys\nprint('failing on purpose', flush=True)\nsys.exit(3)\n")
+    start = time.monotonic()
+    job = elastic_job(hosts, ["-np", "2", "--min-np", "1", "--elastic-timeout", "600"], worker=script)
+    code = job.wait(timeout=60)
+    took = time.monotonic() - start
+    assert code == 1, job.diagnose()
+    err = job.stderr()
+    assert "Horovod detected that one or more processes exited with non-zero status" in err, err[-3000:]
+    assert "Exit code: 3" in err and "Every worker of the elastic job failed" in err, err[-3000:]
+    assert took < 60, f"the launcher took {took:.0f} s to give up"

@@ -16,7 +16,8 @@ protocol is described in :mod:`horovod.engine.membership`):
 - Once every wanted worker has announced that it left its last epoch (``ready/<id>`` = that epoch), the
   driver publishes the next epoch's ``assignment``.  Each new epoch after the first is a reset and counts
   against ``--reset-limit``.
-- With fewer than ``--min-np`` usable slots it waits up to ``--elastic-timeout`` seconds for more.
+- With fewer than ``--min-np`` usable slots it waits up to ``--elastic-timeout`` seconds for more, unless every
+  worker has failed (then no host is usable either): the job fails at once, as a static job would.
 - The job succeeds when the members of the last epoch exit 0 (workers that were still waiting to join are
   stopped then).
 
@@ -231,6 +232,7 @@ class ElasticDriver:
     def _step(self) -> Optional[ElasticResult]:
         if self._finishing:
             return self._finish_if_done()
+        self._fail_if_every_worker_failed()
         s = self.settings
         alive = {w.wid for w in self._workers.values() if w.running and not w.removed}
         wanted = plan_members(self._members, self._usable_hosts(), alive, s.max_np)
@@ -270,6 +272,18 @@ class ElasticDriver:
             f"{have} available. Discovered hosts: {hosts}; blacklisted hosts: "
             f"{black}{detail}. Make more hosts available, lower {flag}, or raise --elastic-timeout.",
             first=self._failures[0] if self._failures else None, exits=self._failures)
+
+    def _fail_if_every_worker_failed(self) -> None:
+        """No worker is left and some failed: nobody holds the job's state any more, and every host that ran
+        one is blacklisted; waiting for slots would only delay the error by ``--elastic-timeout``."""
+        if not self._failures or any(w.running and not w.removed for w in self._workers.values()):
+            return
+        black = ", ".join(self.blacklist.blacklisted()) or "none"
+        first = self._failures[0]
+        raise ElasticJobError(
+            f"{_exec.FAILURE_HEADLINE}\n{first.describe()}\nEvery worker of the elastic job failed "
+            f"({len(self._failures)} failure(s)); blacklisted hosts: {black}. Nothing is left to continue from: "
+            f"see the workers' output above.", first=first, exits=self._failures)
 
     # -- workers --------------------------------------------------------------------------------------
     def _ready_epoch(self, wid: str) -> Optional[int]:
