@@ -68,6 +68,8 @@ except BaseException as exc:
     log(ev="crash", pid=os.getpid(), error=repr(exc))   # a worker failing before it trained: say why
     raise
 log(ev="start", pid=os.getpid())
+# Through the launcher's output, under the prefix it gave this process (the tests check prefixes are unique).
+print(f"worker {os.environ.get('HOROVOD_ELASTIC_WORKER_ID')} pid {os.getpid()}", flush=True)
 state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, w=np.zeros(4), history=[])
 
 

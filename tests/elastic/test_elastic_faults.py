@@ -84,6 +84,31 @@ def test_host_removed_by_discovery(elastic_job):
     assert not job.alive(f"{H2}:0")
 
 
+def test_output_prefixes_stay_unique_after_a_reset(elastic_job):
+    """The host of rank 0 leaves, so the other worker becomes rank 0; when it comes back, its new process must
+    not print under the prefix the surviving worker already prints under."""
+    import re
+
+    job = elastic_job([f"{H1}:1", f"{H2}:1"], ["-np", "2", "--min-np", "1"])
+    job.wait_for_commits(3, size=2)
+    job.set_hosts([f"{H2}:1"])
+    job.wait_for("the job shrinks to the remaining host", joined(1))
+    job.set_hosts([f"{H1}:1", f"{H2}:1"])
+    job.wait_for("the job grows back", joined(2, epoch_at_least=2))
+    job.wait_for_commits(3, size=2, min_epoch=2)
+    assert job.finish() == 0, job.diagnose()
+    check_training(job.events(), sizes=[2, 1, 2], resets=2)
+    labels = {}   # pid -> the prefix its output carried
+    for line in job.stdout().splitlines():
+        m = re.fullmatch(r"\[(\d+)\]<stdout>:worker (\S+) pid (\d+)", line)
+        if m:
+            labels[int(m.group(3))] = int(m.group(1))
+    final = [e["pid"] for e in job.events("start")][-1:] + [job.pid(f"{H2}:0")]
+    assert len(set(final)) == 2, job.diagnose()
+    assert all(pid in labels for pid in final), (labels, final)
+    assert labels[final[0]] != labels[final[1]], f"two live workers print as [{labels[final[0]]}]: {labels}"
+
+
 def test_host_added_by_discovery(elastic_job):
     job = elastic_job([f"{H1}:2"], ["-np", "2", "--min-np", "2", "--max-np", "4"])
     job.wait_for_commits(4, size=2)

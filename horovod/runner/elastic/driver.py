@@ -68,7 +68,7 @@ HOST_FAILURES_BEFORE_BLACKLIST = 3
 class _Worker:
     wid: str
     proc: subprocess.Popen
-    label: int                      # the rank it was planned for: its output prefix
+    label: int                      # its output prefix: the rank it was planned for, unless a live worker has it
     last_epoch: int = -1            # last epoch the driver placed it in
     exit_code: Optional[int] = None
     removed: bool = False           # stopped by the driver: its exit is not a failure
@@ -315,8 +315,20 @@ class ElasticDriver:
         """Stop workers started by :meth:`_start_worker` (SIGTERM to their groups, SIGKILL after the grace)."""
         _exec.terminate(procs, self.settings.grace_seconds)
 
+    def _free_label(self, planned: int) -> int:
+        """The output prefix of a new worker: its planned rank, or the lowest one no running worker prints under.
+
+        After a reset the survivors keep the prefix they started with while their ranks change, so a newcomer's
+        planned rank may be a survivor's prefix; two processes printing as one rank would be indistinguishable.
+        """
+        used = {w.label for w in self._workers.values() if w.running}
+        if planned not in used:
+            return planned
+        return min(set(range(len(used) + 1)) - used)
+
     def _launch(self, wid: str, label: int) -> None:
         host = host_of(wid)
+        label = self._free_label(label)
         # A new process under a reused id must not mistake the old one's records for its own.
         self._store.delete((membership.SCOPE, f"ready/{wid}"))
         self._scrub_assignment(wid)
