@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 from horovod.engine.messages import ControlMessage
 from horovod.transport import sockets
+from horovod.transport.rendezvous import auth_failure_note
 from horovod.transport.sockets import PeerError
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class ControlPlane:
             try:
                 peers = cls._accept_all(size, [s for s in (listener, local) if s is not None], secret, timeout,
                                         f"{host}:{port}")
+            except TimeoutError as exc:   # a rank refused by the store for its secret is named
+                raise TimeoutError(f"{exc}{auth_failure_note(store)}") from None
             finally:
                 listener.close()
                 sockets.maybe_close(local)

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 
 from horovod.transport import sockets
 from horovod.transport.base import Bootstrap, TransportError
+from horovod.transport.rendezvous import auth_failure_note
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class _Acceptor:
             raise TransportError(
                 f"tcp bootstrap (rank {self._boot.rank}): rank(s) {missing} did not connect within "
                 f"{self._boot.timeout:g} s; they may have failed to start, be unable to reach "
-                f"{self._srv.getsockname()}, or hold a different job secret",
+                f"{self._srv.getsockname()}, or hold a different job secret{auth_failure_note(self._boot.store)}",
                 peer=missing[0] if len(missing) == 1 else missing)
         return dict(self.socks)
 
