@@ -12,19 +12,11 @@ import time
 
 import pytest
 
-from elastic_helpers import check_training, third_host
+from elastic_helpers import check_training, joined, third_host
 
 pytestmark = pytest.mark.slow
 
 H1, H2 = "localhost", "127.0.0.1"
-
-
-def joined(size: int, epoch_at_least: int = 1):
-    """Predicate: rank 0 of an epoch >= ``epoch_at_least`` joined with ``size`` ranks."""
-    def check(events):
-        return any(e["ev"] == "join" and e["size"] == size and e["rank"] == 0 and e["epoch"] >= epoch_at_least
-                   for e in events)
-    return check
 
 
 def test_worker_killed_mid_epoch_is_replaced_on_its_host(elastic_job):
