@@ -20,13 +20,10 @@ from typing import Dict, List, Optional, Tuple
 
 from horovod.engine.messages import ControlMessage
 from horovod.transport import sockets
+from horovod.transport.rendezvous import auth_failure_note
 from horovod.transport.sockets import PeerError
 
 logger = logging.getLogger(__name__)
-
-
-#: Connections authenticated at once while the control plane forms; more are refused until one finishes.
-_MAX_HANDSHAKES = 64
 
 
 class ControlPlane:
@@ -66,17 +63,22 @@ class ControlPlane:
             try:
                 peers = cls._accept_all(size, [s for s in (listener, local) if s is not None], secret, timeout,
                                         f"{host}:{port}")
+            except TimeoutError as exc:   # a rank refused by the store for its secret is named
+                raise TimeoutError(f"{exc}{auth_failure_note(store)}") from None
             finally:
                 listener.close()
                 sockets.maybe_close(local)
             return cls(rank, size, peers)
         value = store.get(scope, "coordinator", timeout=timeout).decode()   # published after the local name
-        conn = _connect_local(store.try_get(scope, "coordinator-local"), timeout)
-        if conn is None:
-            host, port = sockets.parse_hostport(value)
-            conn = sockets.connect(host, port, timeout, what="the coordinator (rank 0)")
-        sockets.authenticate(conn, secret, initiator=True, hello=str(rank).encode(), timeout=timeout,
-                             peer="the coordinator (rank 0)")
+        local = store.try_get(scope, "coordinator-local")
+        host, port = sockets.parse_hostport(value)
+
+        def dial(seconds: float) -> socket.socket:
+            conn = _connect_local(local, seconds)
+            return conn if conn is not None else sockets.connect(host, port, seconds,
+                                                                 what="the coordinator (rank 0)")
+
+        conn, _ = sockets.dial_authenticated(dial, secret, str(rank).encode(), timeout, "the coordinator (rank 0)")
         conn.settimeout(None)
         return cls(rank, size, {0: conn})
 
@@ -85,19 +87,20 @@ class ControlPlane:
                     where: str) -> Dict[int, socket.socket]:
         """Accept and authenticate one connection from every other rank.
 
-        Each connection is authenticated in a thread of its own (at most :data:`_MAX_HANDSHAKES` at once), so a
-        stranger that connects and stays silent cannot hold up the real ranks behind it.
+        Each connection is authenticated in a thread of its own, so a stranger that connects and stays silent
+        cannot hold up the real ranks behind it; pending handshakes are bounded, the oldest pushed out first
+        (:class:`~horovod.transport.sockets.PendingHandshakes`), so no number of strangers locks a rank out.
         """
         peers: Dict[int, socket.socket] = {}
         done: "queue.Queue[Tuple[socket.socket, str, Optional[int], Optional[BaseException]]]" = queue.Queue()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
-        in_flight = 0
+        pending = sockets.PendingHandshakes()
         deadline = time.monotonic() + timeout
 
         def handshake(conn: socket.socket, who: str, limit: float) -> None:
             try:
-                hello = sockets.authenticate(conn, secret, initiator=False, timeout=limit, peer=who)
+                hello = sockets.authenticate_pending(conn, pending, secret, b"", timeout=limit, peer=who)
                 done.put((conn, who, int(hello.decode()), None))
             except (PeerError, ValueError, OSError) as exc:
                 done.put((conn, who, None, exc))
@@ -129,13 +132,10 @@ class ControlPlane:
                     except (BlockingIOError, socket.timeout):
                         continue
                     who = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "a local process"
-                    if in_flight >= _MAX_HANDSHAKES:
-                        logger.warning("control plane: dropped connection from %s: %d handshakes already pending",
-                                       who, in_flight)
-                        conn.close()
-                        continue
                     sockets.configure(conn)
-                    in_flight += 1
+                    if pending.add(conn) is not None:
+                        logger.debug("control plane: pushed out the oldest pending connection (%d so far)",
+                                     pending.pushed_out)
                     threading.Thread(target=handshake, args=(conn, who, min(remaining, 10.0)),
                                      name="hvd-control-handshake", daemon=True).start()
                 while True:
@@ -143,11 +143,17 @@ class ControlPlane:
                         conn, who, peer_rank, error = done.get_nowait()
                     except queue.Empty:
                         break
-                    in_flight -= 1
                     if error is None and not (0 < peer_rank < size and peer_rank not in peers):
                         error = PeerError(f"unexpected rank {peer_rank} from {who}")
                     if error is not None:
                         logger.warning("control plane: dropped connection from %s: %s", who, error)
+                        conn.close()
+                        continue
+                    try:
+                        sockets.admit(conn)
+                    except OSError as exc:
+                        logger.warning("control plane: rank %d's connection broke as it was admitted: %s",
+                                       peer_rank, exc)
                         conn.close()
                         continue
                     conn.settimeout(None)

@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 #: Seconds between SIGTERM and SIGKILL when stopping workers.
 DEFAULT_GRACE_SECONDS = 5.0
 
+#: Seconds a rank that the others reported as failed may keep running once every other rank has exited, before
+#: the launcher stops it and fails the job (a frozen rank never exits by itself; its peers may exit cleanly).
+BLAMED_RANK_GRACE_SECONDS = 10.0
+
 FAILURE_HEADLINE = ("Horovod detected that one or more processes exited with non-zero status, thus causing the "
                     "job to be terminated. The first process to do so was:")
 
@@ -197,6 +201,8 @@ def terminate(procs: Sequence[subprocess.Popen], grace_seconds: float = DEFAULT_
     for proc in procs:
         # Groups of exited workers too: their leftover children go with them.
         _signal_group(proc, signal.SIGTERM)
+        # A stopped (SIGSTOP, ^Z) worker would only see SIGTERM once continued: let it handle it now.
+        _signal_group(proc, signal.SIGCONT)
     if not running:
         return
     deadline = time.monotonic() + grace_seconds
@@ -233,9 +239,23 @@ def _start(spec: WorkerSpec) -> subprocess.Popen:
         raise WorkerStartError(f"cannot start rank {spec.rank} on {spec.hostname}: {exc}") from None
 
 
+def _stuck_blamed(running: set, blamed: Callable[[], Sequence[int]]) -> List[int]:
+    """The running ranks, when every one of them was reported as failed by the others (else empty)."""
+    if not running:
+        return []
+    try:
+        reported = set(blamed())
+    except Exception:   # reading the reports must never break the wait for the workers
+        logger.debug("reading the failure reports failed", exc_info=True)
+        return []
+    return sorted(running) if running <= reported else []
+
+
 def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
                 grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                failure_details: Optional[Callable[[WorkerExit], str]] = None) -> List[WorkerExit]:
+                failure_details: Optional[Callable[[WorkerExit], str]] = None,
+                blamed: Optional[Callable[[], Sequence[int]]] = None,
+                blamed_grace_seconds: float = BLAMED_RANK_GRACE_SECONDS) -> List[WorkerExit]:
     """Start every worker, forward its output, and wait for all of them.
 
     The first worker to exit non-zero stops the job: the others are terminated (:func:`terminate`) and
@@ -248,6 +268,10 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
         grace_seconds: SIGTERM → SIGKILL delay.
         failure_details: extra text for the failure message (e.g. the worker's traceback), called once the
             job has stopped.
+        blamed: the ranks the workers reported as failed (read while some are still running).  When only such
+            ranks are left and they do not exit within ``blamed_grace_seconds``, they are stopped and the job
+            fails naming the first of them: a frozen rank whose peers caught the error and exited cleanly would
+            otherwise be waited for forever.
 
     Returns:
         Every worker's exit (all zero), ordered by rank.
@@ -264,6 +288,7 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
     exits: Dict[int, WorkerExit] = {}
     events: "queue.Queue[Tuple[int, int]]" = queue.Queue()
     first_failure: Optional[WorkerExit] = None
+    stopped: Optional[int] = None
 
     def watch(rank: int, proc: subprocess.Popen) -> None:
         events.put((rank, proc.wait()))
@@ -276,9 +301,24 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
             sink.attach(spec.rank, {"stdout": proc.stdout, "stderr": proc.stderr})
             threading.Thread(target=watch, args=(spec.rank, proc), name=f"hvd-watch-{spec.rank}",
                              daemon=True).start()
+        left_blamed_since: Optional[float] = None
         while len(exits) < len(procs):
-            # Blocks without polling; Ctrl-C and the launcher's signal handlers interrupt it.
-            rank, code = events.get()
+            # Ctrl-C and the launcher's signal handlers interrupt the wait; once somebody exited, wake up now
+            # and then to notice ranks that the others reported as failed and that stay alive.
+            try:
+                rank, code = events.get(timeout=1.0 if exits and blamed is not None else None)
+            except queue.Empty:
+                frozen = _stuck_blamed(set(procs) - set(exits), blamed)
+                if not frozen:
+                    left_blamed_since = None
+                    continue
+                left_blamed_since = left_blamed_since or time.monotonic()
+                if time.monotonic() - left_blamed_since < blamed_grace_seconds:
+                    continue
+                logger.error("rank(s) %s still running %.0f s after every other rank exited, and reported as "
+                             "failed by them: stopping the job", frozen, blamed_grace_seconds)
+                stopped = frozen[0]
+                break
             exits[rank] = WorkerExit(rank, hosts[rank], code)
             logger.info("rank %s exited with %s", rank, code)
             if code != 0:
@@ -287,6 +327,16 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
     finally:
         terminate(list(procs.values()), grace_seconds)
         sink.finish()
+    if stopped is not None:
+        first_failure = WorkerExit(stopped, hosts[stopped], procs[stopped].returncode)
+        note = (f"Rank {stopped} stopped responding: the other ranks reported it as failed and exited, and it was "
+                f"still running {blamed_grace_seconds:.0f} s later (frozen, or stuck outside Horovod), so horovodrun "
+                f"stopped it.")
+        for rank, proc in procs.items():
+            exits.setdefault(rank, WorkerExit(rank, hosts[rank], proc.returncode))
+        details = failure_details(first_failure) if failure_details else ""
+        raise JobFailedError(first_failure, [exits[r] for r in sorted(exits)],
+                             "\n".join(part for part in (note, details) if part))
     if first_failure is not None:
         for rank, proc in procs.items():
             exits.setdefault(rank, WorkerExit(rank, hosts[rank], proc.returncode))

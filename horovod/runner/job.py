@@ -9,7 +9,7 @@ import os
 import secrets
 import subprocess
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from horovod.engine import config
 from horovod.runner import ssh
@@ -91,18 +91,39 @@ def _ssh_hint(first: WorkerExit) -> str:
     return ""
 
 
+def reported_culprits(store: MemoryStore) -> List[Tuple[int, int, str]]:
+    """``(culprit, reporter, message)`` for every rank that saw another rank fail, by reporter."""
+    reports = []
+    for reporter, raw in sorted(store.scope(CULPRIT_SCOPE).items(), key=lambda kv: int(kv[0])):
+        culprit, _, message = raw.decode(errors="replace").partition("|")
+        try:
+            reports.append((int(culprit), int(reporter), message))
+        except ValueError:
+            continue
+    return reports
+
+
+def first_failures(reports: Sequence[Tuple[int, int, str]]) -> List[int]:
+    """The ranks that failed first according to ``reports``.
+
+    A rank that itself reported somebody else's failure was alive and watching: it is a witness, not a cause,
+    even if a third rank blamed it (it was waiting on the frozen rank too).  Only when that rule leaves nobody
+    (ranks blaming each other) are all named.
+    """
+    culprits = sorted({culprit for culprit, _, _ in reports})
+    witnesses = {reporter for culprit, reporter, _ in reports if culprit != reporter}
+    return [c for c in culprits if c not in witnesses] or culprits
+
+
 def culprit_text(first: WorkerExit, store: MemoryStore) -> str:
     """What the ranks that saw another rank fail reported, when that rank is not the one that exited first.
 
     A frozen or unreachable rank never exits: the first rank to exit is then a witness, not the cause.
     """
-    reports = []
-    for reporter, raw in sorted(store.scope(CULPRIT_SCOPE).items(), key=lambda kv: int(kv[0])):
-        culprit, _, message = raw.decode(errors="replace").partition("|")
-        reports.append((int(culprit), int(reporter), message))
-    if not reports or all(culprit == first.rank for culprit, _, _ in reports):
+    reports = reported_culprits(store)
+    culprits = first_failures(reports)
+    if not reports or culprits == [first.rank]:
         return ""
-    culprits = sorted({culprit for culprit, _, _ in reports})
     lines = [f"Cause: rank{'s' if len(culprits) > 1 else ''} {', '.join(map(str, culprits))} failed first, as seen "
              f"by the other ranks (rank {first.rank} only exited first):"]
     lines += [f"  rank {reporter}: {message}" for _, reporter, message in reports]
@@ -181,5 +202,6 @@ def run_gloo_job(settings: JobSettings, parent_env: Mapping[str, str],
             parts = [culprit_text(first, server.store), _ssh_hint(first),
                      failure_details(first, server.store) if failure_details else ""]
             return "\n".join(p for p in parts if p)
-        run_workers(specs, sink, settings.grace_seconds, failure_details=details)
+        run_workers(specs, sink, settings.grace_seconds, failure_details=details,
+                    blamed=lambda: first_failures(reported_culprits(server.store)))
         return server.store

@@ -15,6 +15,12 @@ attack and hard to fool, because on a multi-host job it listens on the job's net
   :data:`MAX_CONNECTIONS` the oldest connection that has not yet made a signed request is dropped, never a
   worker's;
 * refusals are logged once, then summarised at most every :data:`LOG_EVERY_S` seconds.
+
+A worker started with another job's secret (or a corrupted one) cannot join, and the ranks waiting for it would
+only see it missing.  So a refused request that carries the Horovod headers and the rank its sender claims
+(``X-Horovod-Rank``) is noted under the reserved scope :data:`AUTH_FAILURES_SCOPE`, and the waiting ranks' timeout
+errors say "rank N failed to authenticate".  The claim is unauthenticated by nature: it only ever adds words to
+an error, it never fails or shortens anybody's wait (a local user could otherwise break any job's start).
 """
 from __future__ import annotations
 
@@ -23,7 +29,9 @@ import collections
 import hashlib
 import hmac
 import http.client
+import json
 import logging
+import os
 import secrets as _secrets
 import socket
 import threading
@@ -36,6 +44,12 @@ _AUTH = "X-Horovod-Auth"
 _STAMP = "X-Horovod-Time"
 _NONCE = "X-Horovod-Nonce"
 _BODY = "X-Horovod-Body"
+_RANK = "X-Horovod-Rank"
+#: Where refused requests' claimed ranks are noted (``str(rank)`` → ``"<address>|<unix time>"``).
+AUTH_FAILURES_SCOPE = "_auth_failures"
+#: Ranks noted at most (claims are unauthenticated: a flood of them must stay small).
+MAX_AUTH_FAILURES = 64
+_AUTH_NOTES_KEY = (AUTH_FAILURES_SCOPE, "notes")   # JSON {rank: sender's address}
 _MAX_SKEW_S = 300.0
 #: Largest value a signed request may store (results of ``horovod.run`` travel through the store).
 MAX_BODY_BYTES = 512 << 20
@@ -47,6 +61,8 @@ HEADER_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 60.0
 #: Open connections at most; beyond it the oldest one that has not made a signed request goes.
 MAX_CONNECTIONS = 4096
+#: Connections the kernel queues before the event loop accepts them (a flood must not make a worker wait).
+LISTEN_BACKLOG = 1024
 LOG_EVERY_S = 10.0
 
 _REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 413: "Payload Too Large"}
@@ -121,10 +137,11 @@ class RendezvousServer:
         self.secret = secret
         self.host = host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.create_server((host, 0), family=family, backlog=1024)
+        self._sock = socket.create_server((host, 0), family=family, backlog=LISTEN_BACKLOG)
         self.port = self._sock.getsockname()[1]
         self.refusals = _Refusals()
         self._nonces: Dict[str, float] = {}
+        self._auth_notes: Dict[int, str] = {}
         self._unproven: "collections.OrderedDict[asyncio.StreamWriter, None]" = collections.OrderedDict()
         self._open = 0
         self._writers: "set[asyncio.StreamWriter]" = set()
@@ -153,8 +170,10 @@ class RendezvousServer:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
+        # start_server listens again on the socket it is given, with its own default backlog (100) unless told.
         server = self._loop.run_until_complete(
-            asyncio.start_server(self._connection, sock=self._sock, limit=MAX_HEADER_BYTES))
+            asyncio.start_server(self._connection, sock=self._sock, limit=MAX_HEADER_BYTES,
+                                 backlog=LISTEN_BACKLOG))
         self._ready.set()
         try:
             self._loop.run_forever()
@@ -219,6 +238,7 @@ class RendezvousServer:
             return False
         if not self._signed(method, path, headers, length):
             self.refusals.note(f"an unauthenticated {method} {path[:64]}", peer)
+            self._note_auth_failure(headers, peer)
             await self._reply(writer, 403, b"forbidden: request not signed with this job's secret")
             return False
         if length > MAX_BODY_BYTES:
@@ -249,6 +269,19 @@ class RendezvousServer:
         else:
             await self._reply(writer, 400, b"method must be GET, PUT or DELETE")
         return True
+
+    def _note_auth_failure(self, headers: Dict[str, str], peer: str) -> None:
+        """Remember the rank a refused Horovod client claims to be (see the module docstring)."""
+        if _AUTH.lower() not in headers:
+            return   # not a Horovod client with a wrong secret: a stray or hostile request
+        try:
+            rank = int(headers.get(_RANK.lower(), ""))
+        except ValueError:
+            return
+        if not 0 <= rank < 1 << 20 or (rank not in self._auth_notes and len(self._auth_notes) >= MAX_AUTH_FAILURES):
+            return
+        self._auth_notes[rank] = peer
+        self.store.put(_AUTH_NOTES_KEY, json.dumps({str(r): p for r, p in self._auth_notes.items()}).encode())
 
     def _signed(self, method: str, path: str, headers: Dict[str, str], length: int) -> bool:
         stamp, nonce = headers.get(_STAMP.lower(), ""), headers.get(_NONCE.lower(), "")
@@ -285,8 +318,12 @@ class RendezvousClient:
         timeout: default seconds :meth:`get` waits for a key to appear.
     """
 
-    def __init__(self, addr: str, port: int, secret: bytes, timeout: float = 30.0):
+    def __init__(self, addr: str, port: int, secret: bytes, timeout: float = 30.0, rank: Optional[int] = None):
         self.addr, self.port, self.secret, self.timeout = addr, port, secret, timeout
+        # Named in the server's note should our secret be refused (every launcher sets HOROVOD_RANK).
+        if rank is None and os.environ.get("HOROVOD_RANK", "").isdigit():
+            rank = int(os.environ["HOROVOD_RANK"])
+        self.rank = rank
         self._local = threading.local()
 
     def _conn(self) -> http.client.HTTPConnection:
@@ -306,6 +343,8 @@ class RendezvousClient:
             stamp, nonce = repr(time.time()), _secrets.token_hex(16)   # a fresh nonce per attempt
             headers = {_STAMP: stamp, _NONCE: nonce, _BODY: body_hash, "Content-Length": str(len(body)),
                        _AUTH: _sign(self.secret, method, path, stamp, nonce, len(body), body_hash)}
+            if self.rank is not None:
+                headers[_RANK] = str(self.rank)
             try:
                 conn = self._conn()
                 conn.request(method, path, body=body, headers=headers)
@@ -319,9 +358,11 @@ class RendezvousClient:
                 time.sleep(0.05)
                 continue
             if resp.status == 403:
+                who = "this process" if self.rank is None else f"rank {self.rank}"
                 raise PermissionError(
-                    f"rendezvous server at {self.addr}:{self.port} rejected this process: it was not "
-                    f"started with this job's secret ({data.decode(errors='replace')})")
+                    f"{who} failed to authenticate (wrong or missing job secret): the rendezvous server at "
+                    f"{self.addr}:{self.port} rejected it ({data.decode(errors='replace')}); start every worker "
+                    f"of a job with the same _HOROVOD_SECRET_KEY (horovodrun does)")
             return resp.status, data
         raise ConnectionError(
             f"cannot reach the rendezvous server at {self.addr}:{self.port} ({last_exc}); the launcher may have "
@@ -358,9 +399,27 @@ class RendezvousClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"waited {timeout:.0f} s for '{scope}/{key}' at the rendezvous server {self.addr}:{self.port}; "
-                    f"another rank did not start or did not reach init() (raise --start-timeout if it is slow)")
+                    f"another rank did not start or did not reach init() (raise --start-timeout if it is slow)"
+                    f"{auth_failure_note(self)}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.1)
 
     def delete(self, scope: str, key: str) -> None:
         self._request("DELETE", scope, key)
+
+
+def auth_failure_note(store) -> str:
+    """``"; rank N failed to authenticate (wrong or missing job secret) ..."`` for every rank the server noted
+    (empty when none, or when the store cannot tell): for the timeout errors of ranks waiting for others.
+
+    Args:
+        store: the server's :class:`MemoryStore` or a :class:`RendezvousClient`.
+    """
+    try:
+        raw = store.get(_AUTH_NOTES_KEY) if isinstance(store, MemoryStore) else store.try_get(*_AUTH_NOTES_KEY)
+        notes = json.loads(raw.decode()) if raw else {}
+    except (OSError, ValueError, PermissionError, AttributeError):
+        return ""
+    parts = [f"rank {rank} failed to authenticate (wrong or missing job secret; its requests came from {peer})"
+             for rank, peer in sorted(notes.items(), key=lambda kv: int(kv[0]))]
+    return "; " + "; ".join(parts) if parts else ""

@@ -11,8 +11,10 @@ import hmac
 import secrets
 import socket
 import struct
+import threading
 import time
-from typing import Optional, Tuple
+from collections import OrderedDict
+from typing import Callable, Optional, Tuple
 
 _LEN = struct.Struct("<Q")
 _NONCE_BYTES = 32
@@ -47,7 +49,15 @@ def configure(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def listen(host: str, backlog: int = 128) -> socket.socket:
+#: Connections the kernel queues before a listener accepts them.  A stranger's flood of connects must not fill the
+#: queue a real peer needs (the kernel caps it at ``net.core.somaxconn``).
+LISTEN_BACKLOG = 1024
+
+#: Connections a listener authenticates at once; one more pushes out the oldest (see :class:`PendingHandshakes`).
+MAX_PENDING_HANDSHAKES = 64
+
+
+def listen(host: str, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """A listening socket on ``host`` (never wider than asked) and an ephemeral port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     srv = socket.socket(family, socket.SOCK_STREAM)
@@ -152,6 +162,114 @@ def authenticate(sock: socket.socket, secret: bytes, initiator: bool, hello: byt
         return their_hello
     finally:
         sock.settimeout(old_timeout)
+
+
+class PendingHandshakes:
+    """The accepted connections that have not yet proved the job secret: at most ``limit``, oldest out first.
+
+    Anyone who can reach a listening port can open connections and stay silent.  Refusing newcomers once full
+    would let ``limit`` such connections lock out a real peer; instead a newcomer pushes out the *oldest*
+    pending one, so memory and threads stay bounded and a real peer (whose handshake takes a round trip) gets
+    through however many strangers there are.  A connection leaves with :meth:`settle` once its handshake ended;
+    authenticated connections are never in here, so nothing unauthenticated can push one out.
+    """
+
+    def __init__(self, limit: int = MAX_PENDING_HANDSHAKES):
+        self._limit = max(1, limit)
+        self._pending: "OrderedDict[int, socket.socket]" = OrderedDict()
+        self._lock = threading.Lock()
+        self.pushed_out = 0
+
+    def add(self, conn: socket.socket) -> Optional[socket.socket]:
+        """Track ``conn``; returns the connection it pushed out, if any (already shut down)."""
+        with self._lock:
+            evicted = None
+            if len(self._pending) >= self._limit:
+                _, evicted = self._pending.popitem(last=False)
+                self.pushed_out += 1
+            self._pending[id(conn)] = conn
+        if evicted is not None:
+            # shutdown, not close: its handshake thread is blocked reading it and must wake up (and close it).
+            try:
+                evicted.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return evicted
+
+    def settle(self, conn: socket.socket) -> bool:
+        """``conn``'s handshake ended: False when it had been pushed out meanwhile (the caller must drop it)."""
+        with self._lock:
+            return self._pending.pop(id(conn), None) is not None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+
+#: The listener's last word of a handshake: "you are admitted" (it may still push out a connection that proved
+#: the secret but whose admission it had not yet decided; without this byte the dialer could not tell).
+_ADMITTED = b"+"
+
+
+def authenticate_pending(conn: socket.socket, pending: PendingHandshakes, secret: bytes, hello: bytes,
+                         timeout: float, peer: object) -> bytes:
+    """The listener's side: authenticate ``conn`` (tracked in ``pending``) and take it out of ``pending``.
+
+    Returns the peer's authenticated hello; the caller decides whether to admit it and then calls :func:`admit`
+    (or closes it).
+
+    Raises:
+        AuthenticationError: the peer does not hold the secret.
+        PeerError: it closed, timed out, or was pushed out by newer connections meanwhile.
+    """
+    try:
+        theirs = authenticate(conn, secret, initiator=False, hello=hello, timeout=timeout, peer=peer)
+    except BaseException:
+        pending.settle(conn)
+        raise
+    if not pending.settle(conn):
+        raise PeerError(f"{peer} was pushed out by newer unauthenticated connections before it finished the "
+                        f"handshake (it dials again)", peer=peer)
+    return theirs
+
+
+def admit(conn: socket.socket) -> None:
+    """Tell a dialer that its authenticated connection is accepted (see :func:`dial_authenticated`)."""
+    conn.sendall(_ADMITTED)
+
+
+def dial_authenticated(dial: Callable[[float], socket.socket], secret: bytes, hello: bytes, timeout: float,
+                       peer: object) -> Tuple[socket.socket, bytes]:
+    """Connect with ``dial(seconds_left)``, authenticate and wait to be admitted; returns ``(socket, their hello)``.
+
+    The other side uses :func:`authenticate_pending` and :func:`admit`.  A listener under a flood of strangers
+    may push our connection out before it admits it (see :class:`PendingHandshakes`): that looks like a reset
+    or a close, and we dial again until ``timeout``.  A wrong secret (:class:`AuthenticationError`) is final.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        sock = dial(max(0.1, deadline - time.monotonic()))
+        old_timeout = sock.gettimeout()
+        try:
+            theirs = authenticate(sock, secret, initiator=True, hello=hello,
+                                  timeout=max(0.1, deadline - time.monotonic()), peer=peer)
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            if recv_exact(sock, len(_ADMITTED), peer) != _ADMITTED:
+                raise AuthenticationError(f"{peer} answered the handshake with an unknown admission byte "
+                                          f"(a different protocol version?)", peer=peer)
+            sock.settimeout(old_timeout)
+            return sock, theirs
+        except AuthenticationError:
+            maybe_close(sock)
+            raise
+        except (PeerError, OSError) as exc:
+            maybe_close(sock)
+            if time.monotonic() + delay >= deadline:
+                raise PeerError(f"the handshake with {peer} kept failing for {timeout:.0f} s (last: {exc}); "
+                                f"check that it is still running and reachable", peer=peer) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def local_address_for(host: str) -> str:

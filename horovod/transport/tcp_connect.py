@@ -2,7 +2,8 @@
 
 Every connection is authenticated with the job secret (HMAC challenge, :mod:`horovod.transport.sockets`) before
 anything else crosses it; each incoming one is authenticated in its own thread, so a silent stranger cannot hold
-up the real peers.
+up the real peers, and at most :data:`~horovod.transport.sockets.MAX_PENDING_HANDSHAKES` are pending at once, the
+oldest pushed out first, so no number of strangers can lock a real peer out (it dials again if pushed out).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Dict, List, Optional
 
 from horovod.transport import sockets
 from horovod.transport.base import Bootstrap, TransportError
+from horovod.transport.rendezvous import auth_failure_note
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,8 @@ class _Acceptor:
     """Accepts and authenticates the connections of the higher ranks in a background thread.
 
     Each connection is authenticated in its own short-lived thread, so a stranger that connects and stays silent
-    cannot hold up the real peers; a connection that fails the handshake, names another job's scope, a rank that
+    cannot hold up the real peers; pending handshakes are bounded (:class:`~horovod.transport.sockets.
+    PendingHandshakes`); a connection that fails the handshake, names another job's scope, a rank that
     should not call us, or a rank that already connected is logged and dropped.
     """
 
@@ -42,6 +45,7 @@ class _Acceptor:
         self._expected = set(range(boot.rank + 1, boot.size))
         self.socks: Dict[int, socket.socket] = {}
         self._lock = threading.Lock()
+        self._pending = sockets.PendingHandshakes()
         self._done = threading.Event()
         self._stop = False
         if not self._expected:
@@ -60,6 +64,9 @@ class _Acceptor:
                 continue
             except OSError:
                 return
+            if self._pending.add(conn) is not None:
+                logger.debug("tcp bootstrap (rank %d): pushed out the oldest pending connection (%d so far)",
+                             self._boot.rank, self._pending.pushed_out)
             threading.Thread(target=self._admit, args=(conn, addr), name="hvd-tcp-auth", daemon=True).start()
 
     def _admit(self, conn: socket.socket, addr) -> None:
@@ -67,8 +74,9 @@ class _Acceptor:
         who = f"connection from {addr[0]}:{addr[1]}"
         try:
             sockets.configure(conn)
-            hello = sockets.authenticate(conn, boot.secret, initiator=False, hello=_hello(boot.scope, boot.rank),
-                                         timeout=max(0.1, self._deadline - time.monotonic()), peer=who)
+            hello = sockets.authenticate_pending(conn, self._pending, boot.secret, _hello(boot.scope, boot.rank),
+                                                 timeout=max(0.1, min(10.0, self._deadline - time.monotonic())),
+                                                 peer=who)
             tag, scope, rank_s = hello.decode(errors="replace").split("|", 2)
             peer = int(rank_s)
             if tag != _HELLO or scope != boot.scope:
@@ -81,6 +89,13 @@ class _Acceptor:
             if peer not in self._expected or peer in self.socks or self._stop:
                 logger.warning("tcp bootstrap (rank %d): dropped %s claiming rank %d (expected one of %s, "
                                "not yet connected)", boot.rank, who, peer, sorted(self._expected - set(self.socks)))
+                sockets.maybe_close(conn)
+                return
+            try:
+                sockets.admit(conn)
+            except OSError as exc:
+                logger.warning("tcp bootstrap (rank %d): rank %d's connection broke as it was admitted: %s",
+                               boot.rank, peer, exc)
                 sockets.maybe_close(conn)
                 return
             self.socks[peer] = conn
@@ -96,7 +111,7 @@ class _Acceptor:
             raise TransportError(
                 f"tcp bootstrap (rank {self._boot.rank}): rank(s) {missing} did not connect within "
                 f"{self._boot.timeout:g} s; they may have failed to start, be unable to reach "
-                f"{self._srv.getsockname()}, or hold a different job secret",
+                f"{self._srv.getsockname()}, or hold a different job secret{auth_failure_note(self._boot.store)}",
                 peer=missing[0] if len(missing) == 1 else missing)
         return dict(self.socks)
 
@@ -118,13 +133,17 @@ def _connect_to(boot: Bootstrap, peer: int, deadline: float) -> socket.socket:
         raise TransportError(f"tcp bootstrap (rank {boot.rank}): cannot read rank {peer}'s address from the "
                              f"rendezvous store: {exc}", peer=peer) from None
     host, port = sockets.parse_hostport(raw.decode())
+
+    def dial(seconds: float) -> socket.socket:
+        return sockets.connect(host, port, seconds, what=f"rank {peer}")
+
     try:
-        sock = sockets.connect(host, port, max(0.1, deadline - time.monotonic()), what=f"rank {peer}")
+        sock, hello = sockets.dial_authenticated(dial, boot.secret, _hello(boot.scope, boot.rank),
+                                                 max(0.1, deadline - time.monotonic()), peer=f"rank {peer}")
     except sockets.PeerError as exc:
-        raise TransportError(f"tcp bootstrap (rank {boot.rank}): {exc}", peer=peer) from None
+        raise TransportError(f"tcp bootstrap (rank {boot.rank}): handshake with rank {peer} at {host}:{port} "
+                             f"failed: {exc}", peer=peer) from None
     try:
-        hello = sockets.authenticate(sock, boot.secret, initiator=True, hello=_hello(boot.scope, boot.rank),
-                                     timeout=max(0.1, deadline - time.monotonic()), peer=f"rank {peer}")
         if hello != _hello(boot.scope, peer):
             raise sockets.AuthenticationError(f"the process at {host}:{port} introduced itself as {hello!r}, "
                                               f"not as rank {peer} of this job", peer=peer)

@@ -40,6 +40,11 @@ _POLLCLOSED = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select
 # How long a failing rank may spend recording its reason, and a peer looking it up (failure path only).
 _ABORT_RECORD_S = 0.5
 _ABORT_LOOKUP_S = 0.5
+# How long a rank that timed out waiting for a peer first looks for that peer's own timeout report.  An algorithm
+# may wait on a peer that itself waits on the frozen rank (the extra rank of recursive doubling waits for its
+# proxy, a ring or tree waits on its neighbour): that peer started waiting a moment later, so its report comes
+# a moment later, and it names the rank really at fault.
+_CHAIN_LOOKUP_S = 2.0
 
 
 def as_bytes(arr: np.ndarray) -> memoryview:
@@ -175,12 +180,12 @@ class Mesh:
                 sockets.maybe_close(s)
                 self.socks[i] = None
 
-    def abort_reason(self, world: int) -> Optional[Tuple[int, str]]:
-        """What world rank ``world`` recorded when it aborted: ``(culprit world rank or -1, message)``."""
+    def abort_reason(self, world: int, wait: float = _ABORT_LOOKUP_S) -> Optional[Tuple[int, str]]:
+        """What world rank ``world`` recorded when it aborted: ``(culprit world rank or -1, message)``; waits up to
+        ``wait`` seconds for the record to appear."""
         if self.store is None:
             return None
-        raw = _bounded(lambda: self.store.get(self.scope, f"abort.{world}", timeout=_ABORT_LOOKUP_S),
-                       _ABORT_LOOKUP_S + 0.5)
+        raw = _bounded(lambda: self.store.get(self.scope, f"abort.{world}", timeout=wait), wait + 0.5)
         if not raw:
             return None
         culprit, _, text = raw.decode(errors="replace").partition("\n")
@@ -188,6 +193,35 @@ class Mesh:
             return int(culprit), text
         except ValueError:
             return None
+
+    def _follow_waits(self, peer: int) -> Tuple[int, List[int]]:
+        """The rank at the end of the chain of waits that starts at ``peer``: ``(culprit, [peer, ..., culprit])``.
+
+        This rank timed out waiting for ``peer``.  It says so in the store at once (``stuck.<rank>``), then reads
+        whether ``peer`` timed out too, waiting for somebody else, and follows that chain.  Ranks closer to the
+        frozen one started waiting earlier, so their notes are already there (the first hop may lag by the
+        moment ``peer`` started waiting after us: :data:`_CHAIN_LOOKUP_S`).  The rank without a note is the one
+        that stopped; a cycle (a deadlock, mismatched collectives) blames ``peer``.
+        """
+        chain = [peer]
+        if self.store is None or self.failed is not None:
+            return peer, chain
+        _bounded(lambda: self.store.put(self.scope, f"stuck.{self.rank}", str(peer).encode()), _ABORT_RECORD_S)
+        wait = _CHAIN_LOOKUP_S
+        while len(chain) <= self.size:
+            at = chain[-1]
+            raw = _bounded(lambda: self.store.get(self.scope, f"stuck.{at}", timeout=wait), wait + 0.5)
+            wait = _ABORT_LOOKUP_S
+            try:
+                nxt = int(raw.decode()) if raw else None
+            except ValueError:
+                nxt = None
+            if nxt is None:
+                return at, chain
+            if nxt == self.rank or nxt in chain:
+                return peer, [peer]   # a cycle: everybody waits for everybody, nobody froze
+            chain.append(nxt)
+        return peer, [peer]
 
     # -- the progress loop
 
@@ -382,10 +416,15 @@ class Mesh:
             c = blocked[0]
             msg = (f"timed out after {self.timeout:.1f} s during {what}: {view.describe(c.world)} did not accept "
                    f"{c.pending_send_bytes()} more bytes (it is not reading)")
-        msg += ("; the peer may be stuck, much slower, or not calling the same collectives in the same order "
-                "(raise the transport timeout if it is just slow)")
-        err = TransportError(msg, peer=view.group_rank(c.world))
-        self.abort(err, c.world)
+        culprit, chain = self._follow_waits(c.world)
+        if culprit != c.world:
+            msg += (f"; {view.describe(c.world)} was itself stuck waiting for "
+                    f"{' which waited for '.join(view.describe(w) for w in chain[1:])}, so that rank is the cause")
+        else:
+            msg += ("; the peer may be stuck, much slower, or not calling the same collectives in the same order "
+                    "(raise the transport timeout if it is just slow)")
+        err = TransportError(msg, peer=view.group_rank(culprit))
+        self.abort(err, culprit)
         return err
 
 

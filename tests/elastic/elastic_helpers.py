@@ -56,11 +56,13 @@ class ElasticJob:
         min_steps: the job trains at least this many steps.
         step_delay: seconds each worker sleeps after a step.
         worker: the training script (``elastic_worker.py``; ``torch_worker.py`` logs the same way).
+        wrap: argv the launcher runs under (e.g. ``ip netns exec <driver namespace>``).
+        env: more variables for the launcher (and through it, the workers).
     """
 
     def __init__(self, directory: Path, hosts: Sequence[str], args: Sequence[str],
                  faults: Sequence[dict] = (), min_steps: int = 0, step_delay: float = 0.05,
-                 worker: Path = WORKER):
+                 worker: Path = WORKER, wrap: Sequence[str] = (), env: Optional[Dict[str, str]] = None):
         self.dir = Path(directory)
         self.hosts_file = self.dir / "hosts.txt"
         self.set_hosts(hosts)
@@ -70,10 +72,12 @@ class ElasticJob:
         self.log = self.dir / "train.log"
         self.stop_file = self.dir / "stop"
         self.stdout_path, self.stderr_path = self.dir / "launcher.out", self.dir / "launcher.err"
-        env = child_env(ELASTIC_TEST_LOG=str(self.log), ELASTIC_TEST_STOP=str(self.stop_file),
-                        ELASTIC_TEST_MIN_STEPS=str(min_steps), ELASTIC_TEST_STEP_DELAY=str(step_delay),
-                        ELASTIC_TEST_FAULTS=json.dumps(list(faults)))
-        command = [sys.executable, "-m", "horovod.runner", "--verbose", *args, "--host-discovery-script", str(script),
+        launcher_env = child_env(ELASTIC_TEST_LOG=str(self.log), ELASTIC_TEST_STOP=str(self.stop_file),
+                                 ELASTIC_TEST_MIN_STEPS=str(min_steps), ELASTIC_TEST_STEP_DELAY=str(step_delay),
+                                 ELASTIC_TEST_FAULTS=json.dumps(list(faults)))
+        launcher_env.update(env or {})
+        env = launcher_env
+        command = [*wrap, sys.executable, "-m", "horovod.runner", "--verbose", *args, "--host-discovery-script", str(script),
                    sys.executable, str(worker)]
         self.deadline = time.monotonic() + JOB_BUDGET_S
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
@@ -199,6 +203,16 @@ class ElasticJob:
 
 
 # -- analysis --------------------------------------------------------------------------------------------
+def joined(size: int, epoch_at_least: int = 1) -> Callable[[List[dict]], bool]:
+    """Predicate for :meth:`ElasticJob.wait_for`: rank 0 of an epoch >= ``epoch_at_least`` joined with ``size``
+    ranks."""
+    def check(events: List[dict]) -> bool:
+        return any(e["ev"] == "join" and e["size"] == size and e["rank"] == 0 and e["epoch"] >= epoch_at_least
+                   for e in events)
+    return check
+
+
+
 @dataclass
 class Epoch:
     number: int
@@ -266,6 +280,8 @@ def check_training(events: List[dict], sizes: Optional[Sequence[int]] = None,
         history = done[0]["history"]
         assert [s for s, _ in history] == list(range(done[0]["step"])), "committed steps are not 0..N-1 once each"
         np.testing.assert_array_equal(np.array(done[0]["w"]), expected_model(history))
+        if "same_on_every_rank" in done[0]:
+            assert done[0]["same_on_every_rank"], "the final model differs between ranks"
     if sizes is not None:
         assert [e.size for e in eps] == list(sizes), f"epoch sizes {[e.size for e in eps]}, expected {list(sizes)}"
     if resets is not None:

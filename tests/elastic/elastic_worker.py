@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 
 import numpy as np
@@ -67,7 +68,9 @@ try:
 except BaseException as exc:
     log(ev="crash", pid=os.getpid(), error=repr(exc))   # a worker failing before it trained: say why
     raise
-log(ev="start", pid=os.getpid())
+log(ev="start", pid=os.getpid(), uname=socket.gethostname())
+# Through the launcher's output, under the prefix it gave this process (the tests check prefixes are unique).
+print(f"worker {os.environ.get('HOROVOD_ELASTIC_WORKER_ID')} pid {os.getpid()}", flush=True)
 state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, w=np.zeros(4), history=[])
 
 
@@ -95,5 +98,7 @@ except BaseException as exc:
     if not isinstance(exc, SystemExit) and "injected failure" not in str(exc):
         log(ev="crash", pid=os.getpid(), error=repr(exc))
     raise
+every = hvd.allgather(state.w[None, :], name="final-w")   # the model as every rank holds it
 if hvd.rank() == 0:
-    log(ev="done", w=state.w.tolist(), history=state.history, step=state.step)
+    log(ev="done", w=state.w.tolist(), history=state.history, step=state.step,
+        same_on_every_rank=bool((every == every[0]).all()))

@@ -8,21 +8,15 @@ committed sequence.  Waits are bounded; a hang fails the test with the job's out
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from elastic_helpers import check_training, third_host
+from elastic_helpers import check_training, joined, third_host
 
 pytestmark = pytest.mark.slow
 
 H1, H2 = "localhost", "127.0.0.1"
-
-
-def joined(size: int, epoch_at_least: int = 1):
-    """Predicate: rank 0 of an epoch >= ``epoch_at_least`` joined with ``size`` ranks."""
-    def check(events):
-        return any(e["ev"] == "join" and e["size"] == size and e["rank"] == 0 and e["epoch"] >= epoch_at_least
-                   for e in events)
-    return check
 
 
 def test_worker_killed_mid_epoch_is_replaced_on_its_host(elastic_job):
@@ -80,6 +74,31 @@ def test_host_removed_by_discovery(elastic_job):
     assert "blacklisting" not in job.stderr()
     assert "stopping worker 127.0.0.1:0: its slot is no longer part of the job" in job.stderr()
     assert not job.alive(f"{H2}:0")
+
+
+def test_output_prefixes_stay_unique_after_a_reset(elastic_job):
+    """The host of rank 0 leaves, so the other worker becomes rank 0; when it comes back, its new process must
+    not print under the prefix the surviving worker already prints under."""
+    import re
+
+    job = elastic_job([f"{H1}:1", f"{H2}:1"], ["-np", "2", "--min-np", "1"])
+    job.wait_for_commits(3, size=2)
+    job.set_hosts([f"{H2}:1"])
+    job.wait_for("the job shrinks to the remaining host", joined(1))
+    job.set_hosts([f"{H1}:1", f"{H2}:1"])
+    job.wait_for("the job grows back", joined(2, epoch_at_least=2))
+    job.wait_for_commits(3, size=2, min_epoch=2)
+    assert job.finish() == 0, job.diagnose()
+    check_training(job.events(), sizes=[2, 1, 2], resets=2)
+    labels = {}   # pid -> the prefix its output carried
+    for line in job.stdout().splitlines():
+        m = re.fullmatch(r"\[(\d+)\]<stdout>:worker (\S+) pid (\d+)", line)
+        if m:
+            labels[int(m.group(3))] = int(m.group(1))
+    final = [e["pid"] for e in job.events("start")][-1:] + [job.pid(f"{H2}:0")]
+    assert len(set(final)) == 2, job.diagnose()
+    assert all(pid in labels for pid in final), (labels, final)
+    assert labels[final[0]] != labels[final[1]], f"two live workers print as [{labels[final[0]]}]: {labels}"
 
 
 def test_host_added_by_discovery(elastic_job):
@@ -154,3 +173,19 @@ def test_below_min_np_times_out(elastic_job):
     err = job.stderr()
     assert "Timed out after 2 s waiting for 2 usable slots (--min-np 2)" in err, err
     assert "Discovered hosts: localhost:1" in err
+
+
+@pytest.mark.parametrize("hosts", [[f"{H1}:2"], [f"{H1}:1", f"{H2}:1"]], ids=["one-host", "two-hosts"])
+def test_every_worker_failing_fails_the_job_at_once(elastic_job, tmp_path, hosts):
+    """Nothing is left to continue from: no waiting --elastic-timeout (600 s here) for slots that cannot come."""
+    script = tmp_path / "failing_worker.py"
+    script.write_text("import sys\nprint('failing on purpose', flush=True)\nsys.exit(3)\n")
+    start = time.monotonic()
+    job = elastic_job(hosts, ["-np", "2", "--min-np", "1", "--elastic-timeout", "600"], worker=script)
+    code = job.wait(timeout=60)
+    took = time.monotonic() - start
+    assert code == 1, job.diagnose()
+    err = job.stderr()
+    assert "Horovod detected that one or more processes exited with non-zero status" in err, err[-3000:]
+    assert "Exit code: 3" in err and "Every worker of the elastic job failed" in err, err[-3000:]
+    assert took < 60, f"the launcher took {took:.0f} s to give up"

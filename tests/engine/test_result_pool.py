@@ -98,3 +98,68 @@ def _two_results_in_a_row():
 def test_engine_results_stay_intact_while_alive(transport):
     for first_ok, third_ok, input_ok, pooled in run(_two_results_in_a_row, 2, transport=transport):
         assert first_ok and third_ok and input_ok and pooled
+
+
+def test_a_request_takes_the_smallest_block_that_fits_without_much_slack():
+    pool = ResultPool(max_bytes=1 << 30)
+    blocks = {n: np.empty(n, np.uint8) for n in (1000, 1300, 2000)}
+    for b in blocks.values():
+        pool.release(b)
+    assert pool.take(1200) is blocks[1300]            # fits, 8 % larger
+    assert pool.take(1400) is not blocks[2000]        # 2000 would waste 43 %: a new block
+    assert pool.take(1000) is blocks[1000]
+    assert pool.free_bytes == 2000
+    a = result_pool.empty(BIG - 1000, np.float32)     # a slightly smaller result reuses a freed block
+    address = a.ctypes.data
+    del a
+    b = result_pool.empty(BIG - 2000, np.float32)
+    assert b.ctypes.data == address and b.shape == (BIG - 2000,)
+
+
+def test_blocks_nobody_takes_are_dropped_after_the_idle_time():
+    now = [0.0]
+    pool = ResultPool(max_bytes=1 << 30, max_idle_s=10.0, clock=lambda: now[0])
+    pool.release(np.empty(4096, np.uint8))
+    now[0] = 5.0
+    kept = np.empty(8192, np.uint8)
+    pool.release(kept)
+    now[0] = 12.0
+    assert pool.take(100000).nbytes == 100000          # any use of the pool drops the block idle for 12 s
+    assert pool.free_bytes == 8192
+    assert pool.take(8192) is kept                      # idle for 7 s only: still there
+
+
+def _mixed_size_soak(ops: int):
+    """Small allreduces with an occasional large one of an ever-changing size (new results, dropped at once)."""
+    import horovod.numpy as hvd
+
+    def rss_mib() -> float:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+    hvd.init()
+    try:
+        rng = np.random.default_rng(7)   # the same sizes on every rank
+        peak_pool = 0
+        warm = None
+        wrong = 0
+        for i in range(ops):
+            n = int(rng.integers(1 << 18, 8 << 20)) if i % 25 == 0 else int(rng.integers(1, 4096))
+            r = hvd.allreduce(np.ones(n, np.float32), op=hvd.Sum, name=f"t{i % 5}")
+            wrong += int(r[0] != hvd.size() or r[-1] != hvd.size())
+            del r
+            peak_pool = max(peak_pool, result_pool.pool().free_bytes)
+            if i == 50:
+                warm = rss_mib()
+        return wrong, peak_pool, rss_mib() - warm
+    finally:
+        hvd.shutdown()
+
+
+def test_mixed_size_soak_keeps_memory_bounded():
+    """Before the bound, RSS grew by the pool's whole 256 MiB cap of never-reused exact-size blocks."""
+    cap_mib = result_pool.MAX_POOLED_BYTES / (1 << 20)
+    for wrong, peak_pool, grown_mib in run(_mixed_size_soak, 2, transport="shm", args=(1500,), timeout=300):
+        assert wrong == 0
+        assert peak_pool <= result_pool.MAX_POOLED_BYTES
+        assert grown_mib < cap_mib + 64, f"RSS grew by {grown_mib:.0f} MiB over the soak (pool cap {cap_mib:.0f} MiB)"

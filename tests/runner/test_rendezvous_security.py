@@ -124,3 +124,65 @@ def test_refusals_are_logged_once_then_summarised(server, caplog):
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert 1 <= len(warnings) <= 2, [r.getMessage() for r in warnings]
     assert server.refusals.count == 50
+
+
+def _listen_backlog(port: int) -> int:
+    """The accept queue's limit of the listening socket on ``port``, as the kernel reports it (``ss``'s Send-Q)."""
+    import shutil
+    import subprocess
+    if shutil.which("ss") is None:
+        pytest.skip("needs ss (iproute2) to read a listening socket's backlog")
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, timeout=10).stdout
+    fields = out.split()
+    assert fields, f"ss does not list a listening socket on port {port}: {out!r}"
+    return int(fields[2])
+
+
+def test_the_listen_backlog_is_the_one_asked_for_not_asyncios_default(server):
+    # asyncio.start_server(sock=...) calls listen() again; with its default the queue would be 100.
+    assert _listen_backlog(server.port) == min(rendezvous.LISTEN_BACKLOG, _somaxconn())
+
+
+def _somaxconn() -> int:
+    with open("/proc/sys/net/core/somaxconn") as f:
+        return int(f.read())
+
+
+def _init_only():
+    import horovod.numpy as hvd
+
+    hvd.init()
+    hvd.shutdown()
+    return "joined"
+
+
+@pytest.mark.parametrize("wrong_rank", [1, 0], ids=["a-worker", "rank-0"])
+def test_a_rank_with_another_jobs_secret_is_named_in_the_others_errors(wrong_rank):
+    """Outside horovodrun nobody stops the job when one worker holds the wrong secret: the others wait their
+    init timeout, and their error must say which rank failed to authenticate, and how."""
+    from multiproc import run_ranks
+
+    out = run_ranks(_init_only, 3, expect_failure=True, timeout=60,
+                    env={"HOROVOD_INIT_TIMEOUT_SECONDS": "4", "HOROVOD_GLOO_TIMEOUT_SECONDS": "4"},
+                    rank_env_overrides={wrong_rank: {"_HOROVOD_SECRET_KEY": secrets.token_bytes(16).hex()}})
+    wrong = out[wrong_rank]
+    assert wrong.status == "error", wrong
+    assert f"rank {wrong_rank} failed to authenticate (wrong or missing job secret)" in wrong.error["message"], \
+        wrong.error["message"]
+    for o in out:
+        if o.rank == wrong_rank:
+            continue
+        assert o.status == "error", o
+        assert f"rank {wrong_rank} failed to authenticate (wrong or missing job secret" in o.error["message"], \
+            f"rank {o.rank}: {o.error['message']}"
+
+
+def test_an_unsigned_claim_only_adds_words_and_never_more_than_the_bound(server):
+    # A request without the Horovod headers is a stray, not a worker with the wrong secret: not noted.
+    _raw(server, b"GET /s/k HTTP/1.1\r\nX-Horovod-Rank: 999\r\n\r\n")
+    assert rendezvous.auth_failure_note(server.store) == ""
+    for rank in range(rendezvous.MAX_AUTH_FAILURES + 10):
+        _raw(server, (f"GET /s/k HTTP/1.1\r\nX-Horovod-Auth: forged\r\nX-Horovod-Rank: {rank}\r\n"
+                      f"Content-Length: 0\r\n\r\n").encode())
+    note = rendezvous.auth_failure_note(server.store)
+    assert note.count("failed to authenticate") == rendezvous.MAX_AUTH_FAILURES, note[:300]

@@ -300,6 +300,77 @@ def test_a_frozen_rank_is_named_as_the_cause_not_the_first_rank_to_exit(hvdrun, 
         assert f"[{rank}]<stderr>:horovod.engine.errors.PeerFailureError: rank 1 " in err, err[-3000:]
 
 
+CATCHING_FREEZE_WORKER = """
+import os, signal, sys
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+try:
+    for i in range(1000):
+        if hvd.rank() == 1 and i == 10:
+            os.kill(os.getpid(), signal.SIGSTOP)   # frozen for good
+        hvd.allreduce(np.ones(1000, np.float32), name="t")
+except hvd.HorovodInternalError as exc:
+    print("caught:", exc)
+    sys.exit(0)   # the survivors end cleanly: only the launcher can notice that rank 1 never will
+"""
+
+
+def test_a_frozen_rank_is_stopped_when_the_survivors_caught_the_error_and_exited_cleanly(hvdrun, script):
+    from horovod.runner.exec import BLAMED_RANK_GRACE_SECONDS
+
+    start = time.monotonic()
+    result = hvdrun(["-np", "3", "python", script(CATCHING_FREEZE_WORKER)],
+                    env=child_env(HOROVOD_TRANSPORT="tcp", HOROVOD_GLOO_TIMEOUT_SECONDS="3"))
+    took = time.monotonic() - start
+    assert result.returncode == 1, result.stderr[-3000:]
+    err = result.stderr
+    assert "Rank: 1" in err and "Rank 1 stopped responding" in err, err[-3000:]
+    assert err.count("caught:") == 0 and result.stdout.count("caught:") == 2, result.stdout[-3000:]
+    assert took < 3 + BLAMED_RANK_GRACE_SECONDS + 30, f"the launcher took {took:.0f} s to give up on rank 1"
+
+
+STOPPED_FROM_OUTSIDE_WORKER = """
+import os, sys, time
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+with open(os.path.join(sys.argv[1], f"pid.{hvd.rank()}"), "w") as f:
+    f.write(str(os.getpid()))
+for i in range(10 ** 7):
+    hvd.allreduce(np.ones(1000, np.float32), name="t")   # 4,000 bytes: recursive doubling at np = 3
+"""
+
+
+def test_a_rank_stopped_from_outside_is_the_only_one_blamed(hvdrun, script, tmp_path):
+    """np = 3 over TCP: rank 0 waits for rank 1 (its proxy), rank 1 for rank 2; only rank 2 is at fault."""
+    import threading
+
+    def stop_rank_2():
+        pid_file = tmp_path / "pid.2"
+        _wait_files([pid_file])
+        time.sleep(1.0)   # well inside the loop
+        os.kill(int(pid_file.read_text()), signal.SIGSTOP)
+
+    stopper = threading.Thread(target=stop_rank_2, daemon=True)
+    stopper.start()
+    result = hvdrun(["-np", "3", "python", script(STOPPED_FROM_OUTSIDE_WORKER), str(tmp_path)],
+                    env=child_env(HOROVOD_TRANSPORT="tcp", HOROVOD_GLOO_TIMEOUT_SECONDS="3"))
+    stopper.join(5)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Cause: rank 2 failed first" in result.stderr, result.stderr[-3000:]
+
+
+def test_a_rank_that_reported_another_ranks_failure_is_a_witness_not_a_cause():
+    from horovod.runner.job import first_failures
+
+    # rank 0 waited on rank 1, which waited on rank 2: rank 1 was alive enough to report.
+    assert first_failures([(1, 0, "waited for 1"), (2, 1, "waited for 2")]) == [2]
+    assert first_failures([(2, 0, "x"), (2, 1, "y")]) == [2]
+    # Ranks blaming each other (a deadlock): nobody is cleared.
+    assert first_failures([(1, 0, "x"), (0, 1, "y")]) == [0, 1]
+
+
 OMP_WORKER = """
 import os
 print("OMP", os.environ.get("OMP_NUM_THREADS"))

@@ -510,6 +510,44 @@ def test_silent_peer_times_out():
     assert out[1].value == "stayed silent", _describe(out[1])
 
 
+def frozen_rank_loop(t, frozen, elements):
+    """Allreduce in a loop; rank ``frozen`` stops itself (SIGSTOP) between two of them, the others report the error."""
+    import signal
+
+    a = np.ones(elements, dtype=np.float32)
+    for i in range(100000):
+        if t.rank == frozen and i == 20:
+            os.kill(os.getpid(), signal.SIGSTOP)   # frozen for good: the test kills it once the others reported
+        try:
+            t.allreduce(a, SUM)
+        except TransportError as exc:
+            got = {"peer": exc.peer, "message": str(exc)}
+            report(got)
+            return got
+        a.fill(1)
+    return "finished"
+
+
+@pytest.mark.parametrize("size,elements", [(3, 1000), (4, 1000), (3, 1 << 18), (4, 1 << 18)],
+                         ids=["np3-doubling", "np4-doubling", "np3-ring", "np4-ring"])
+def test_a_frozen_rank_is_blamed_not_the_peer_waiting_for_it(size, elements):
+    """Rank 2 freezes.  Ranks that wait on it only through another rank (the extra rank of recursive doubling
+    waits for its proxy; a ring waits on its left neighbour) must still name rank 2, not the rank in between."""
+    frozen = 2
+
+    def kill_frozen_once_reported(job):
+        job.messages(size - 1, timeout=60)
+        job.kill(frozen)
+
+    out = run_world(size, frozen_rank_loop, (frozen, elements), on_start=kill_frozen_once_reported,
+                    transport_timeout=2.0, timeout=90)
+    for o in out:
+        if o.rank == frozen:
+            continue
+        assert o.status == "ok" and isinstance(o.value, dict), _describe(o)
+        assert o.value["peer"] == frozen, f"rank {o.rank} blamed rank {o.value['peer']}: {o.value['message']}"
+
+
 def nothing(t):
     return "connected"
 

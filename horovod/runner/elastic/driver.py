@@ -16,7 +16,8 @@ protocol is described in :mod:`horovod.engine.membership`):
 - Once every wanted worker has announced that it left its last epoch (``ready/<id>`` = that epoch), the
   driver publishes the next epoch's ``assignment``.  Each new epoch after the first is a reset and counts
   against ``--reset-limit``.
-- With fewer than ``--min-np`` usable slots it waits up to ``--elastic-timeout`` seconds for more.
+- With fewer than ``--min-np`` usable slots it waits up to ``--elastic-timeout`` seconds for more, unless every
+  worker has failed (then no host is usable either): the job fails at once, as a static job would.
 - The job succeeds when the members of the last epoch exit 0 (workers that were still waiting to join are
   stopped then).
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import secrets
 import subprocess
@@ -37,9 +39,11 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from horovod.engine import membership
 from horovod.runner import exec as _exec
+from horovod.runner import ssh
 from horovod.runner.elastic.blacklist import HostBlacklist
 from horovod.runner.elastic.discovery import DiscoveryError
 from horovod.runner.elastic.layout import assign_ranks, host_of, plan_members
+from horovod.runner.elastic.remote import RemoteHosts, rendezvous_address
 # The job's settings and outcome live in settings.py; importable from here as well, where the driver is.
 from horovod.runner.elastic.settings import ElasticJobError, ElasticResult, ElasticSettings  # noqa: F401
 from horovod.runner.exec import WorkerExit, WorkerSpec
@@ -67,7 +71,7 @@ HOST_FAILURES_BEFORE_BLACKLIST = 3
 class _Worker:
     wid: str
     proc: subprocess.Popen
-    label: int                      # the rank it was planned for: its output prefix
+    label: int                      # its output prefix: the rank it was planned for, unless a live worker has it
     last_epoch: int = -1            # last epoch the driver placed it in
     exit_code: Optional[int] = None
     removed: bool = False           # stopped by the driver: its exit is not a failure
@@ -119,6 +123,7 @@ class ElasticDriver:
         self._sink: Optional[OutputSink] = None
         self._command: List[str] = []
         self._env: Dict[str, str] = {}
+        self._remote: Optional[RemoteHosts] = None   # None: the launcher that made us starts the workers
 
     # -- public ---------------------------------------------------------------------------------------
     def run(self, setup: Optional[Callable[[RendezvousServer], None]] = None) -> ElasticResult:
@@ -133,8 +138,21 @@ class ElasticDriver:
         """
         s = self.settings
         secret = secrets.token_bytes(32)   # per job; reaches the workers only through their environment
-        with RendezvousServer(secret, host=s.rendezvous_host) as server:
+        try:
+            first = s.discovery.find()
+        except DiscoveryError as exc:
+            # Usually a wrong path or a broken script: say so now rather than after the elastic timeout.
+            raise ValueError(f"{exc} (the first host discovery must succeed)") from None
+        host = s.rendezvous_host
+        if s.accepts_host is None:
+            timeout = float(max(1, s.start_timeout))
+            ssh_settings = ssh.SshSettings.create(s.ssh_port, s.ssh_identity_file)
+            host, passed = rendezvous_address(first, s.discovery, ssh_settings, timeout, s.nics, s.rendezvous_host)
+            self._remote = RemoteHosts(ssh_settings, timeout, passed)
+        with RendezvousServer(secret, host=host) as server:
             self._store = server.store
+            if self._remote is not None:
+                self._remote.store_target = f"{server.host}:{server.port}"
             if setup is not None:
                 setup(server)
             self._command = list(s.command(server.host, server.port) if callable(s.command) else s.command)
@@ -148,11 +166,7 @@ class ElasticDriver:
                                     output_dir=s.output_dir, stdout=s.stdout, stderr=s.stderr)
             logger.info("elastic job: rendezvous store at %s:%s; -np %d, --min-np %d, --max-np %s",
                         server.host, server.port, s.num_proc, s.min_np, s.max_np)
-            try:
-                self._on_hosts(s.discovery.find())
-            except DiscoveryError as exc:
-                # Usually a wrong path or a broken script: say so now rather than after the elastic timeout.
-                raise ValueError(f"{exc} (the first host discovery must succeed)") from None
+            self._on_hosts(first)
             discovery = threading.Thread(target=self._discovery_loop, name="hvd-elastic-discovery", daemon=True)
             discovery.start()
             try:
@@ -165,9 +179,14 @@ class ElasticDriver:
     # -- discovery ------------------------------------------------------------------------------------
     def _discover_now(self) -> None:
         try:
-            self._events.put(("hosts", self.settings.discovery.find()))
+            hosts = self.settings.discovery.find()
         except DiscoveryError as exc:
             self._events.put(("discovery_error", str(exc)))
+            return
+        if self._remote is not None:
+            # Here, in the discovery thread: an ssh check may take seconds, the main loop must not wait for it.
+            self._remote.check([h.hostname for h in hosts])
+        self._events.put(("hosts", hosts))
 
     def _discovery_loop(self) -> None:
         while not self._stop.wait(self.settings.discovery_interval):
@@ -178,15 +197,14 @@ class ElasticDriver:
             logger.warning("host discovery works again")
             self._discovery_error = None
         usable = []
-        accepts = self.settings.accepts_host or is_local_host
+        accepts = self._remote.usable if self._remote is not None else (self.settings.accepts_host or is_local_host)
         for host in hosts:
-            # The store listens on loopback and remote workers would need the ssh starter plus an address every
-            # host can reach, chosen before the hosts are known: not done yet, so only this machine's names.
             if not accepts(host.hostname):
-                if host.hostname not in self._unlaunchable_warned:
+                # RemoteHosts says why for its hosts; a launcher's own test (Spark, Ray) is said here.
+                if self._remote is None and host.hostname not in self._unlaunchable_warned:
                     self._unlaunchable_warned.add(host.hostname)
-                    logger.warning("ignoring discovered host %s: the elastic driver starts workers on this machine "
-                                   "only so far (localhost, 127.0.0.1 or its host name)", host.hostname)
+                    logger.warning("ignoring discovered host %s: this launcher cannot start workers there",
+                                   host.hostname)
                 continue
             usable.append(host)
         names = [h.hostname for h in usable]
@@ -231,6 +249,7 @@ class ElasticDriver:
     def _step(self) -> Optional[ElasticResult]:
         if self._finishing:
             return self._finish_if_done()
+        self._fail_if_every_worker_failed()
         s = self.settings
         alive = {w.wid for w in self._workers.values() if w.running and not w.removed}
         wanted = plan_members(self._members, self._usable_hosts(), alive, s.max_np)
@@ -271,6 +290,18 @@ class ElasticDriver:
             f"{black}{detail}. Make more hosts available, lower {flag}, or raise --elastic-timeout.",
             first=self._failures[0] if self._failures else None, exits=self._failures)
 
+    def _fail_if_every_worker_failed(self) -> None:
+        """No worker is left and some failed: nobody holds the job's state any more, and every host that ran
+        one is blacklisted; waiting for slots would only delay the error by ``--elastic-timeout``."""
+        if not self._failures or any(w.running and not w.removed for w in self._workers.values()):
+            return
+        black = ", ".join(self.blacklist.blacklisted()) or "none"
+        first = self._failures[0]
+        raise ElasticJobError(
+            f"{_exec.FAILURE_HEADLINE}\n{first.describe()}\nEvery worker of the elastic job failed "
+            f"({len(self._failures)} failure(s)); blacklisted hosts: {black}. Nothing is left to continue from: "
+            f"see the workers' output above.", first=first, exits=self._failures)
+
     # -- workers --------------------------------------------------------------------------------------
     def _ready_epoch(self, wid: str) -> Optional[int]:
         raw = self._store.get((membership.SCOPE, f"ready/{wid}"))
@@ -301,8 +332,20 @@ class ElasticDriver:
         """Stop workers started by :meth:`_start_worker` (SIGTERM to their groups, SIGKILL after the grace)."""
         _exec.terminate(procs, self.settings.grace_seconds)
 
+    def _free_label(self, planned: int) -> int:
+        """The output prefix of a new worker: its planned rank, or the lowest one no running worker prints under.
+
+        After a reset the survivors keep the prefix they started with while their ranks change, so a newcomer's
+        planned rank may be a survivor's prefix; two processes printing as one rank would be indistinguishable.
+        """
+        used = {w.label for w in self._workers.values() if w.running}
+        if planned not in used:
+            return planned
+        return min(set(range(len(used) + 1)) - used)
+
     def _launch(self, wid: str, label: int) -> None:
         host = host_of(wid)
+        label = self._free_label(label)
         # A new process under a reused id must not mistake the old one's records for its own.
         self._store.delete((membership.SCOPE, f"ready/{wid}"))
         self._scrub_assignment(wid)
@@ -315,6 +358,9 @@ class ElasticDriver:
         set_worker_threads(env, self._slots.get(host, 1))
         spec = WorkerSpec(rank=label, hostname=host, command=list(self._command), env=env,
                           stdin=subprocess.DEVNULL)
+        if self._remote is not None and ssh.is_remote(host):
+            spec.extra["ssh"] = self._remote.ssh
+            spec.cwd = os.getcwd()
         proc = self._start_worker(wid, spec)
         self._all_procs.append(proc)
         worker = _Worker(wid, proc, label)

@@ -64,7 +64,8 @@ def settings_from_args(args: Any, command: Union[Sequence[str], Callable[[str, i
         cooldown_range=tuple(cooldown) if cooldown is not None else None,
         knob_env=cli.knob_env(args, parent_env), nics=list(getattr(args, "nics", None) or []),
         output_dir=getattr(args, "output_filename", None),
-        prefix_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)), start_timeout=timeout)
+        prefix_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)), start_timeout=timeout,
+        ssh_port=getattr(args, "ssh_port", None), ssh_identity_file=getattr(args, "ssh_identity_file", None))
     settings.validate()
     return settings
 

@@ -40,10 +40,13 @@ class ElasticSettings:
         cooldown_range: blacklist cooldown ``(MIN, MAX)`` seconds (``None`` = blacklisted for ever).
         knob_env, nics, output_dir, prefix_timestamp, start_timeout, grace_seconds, extra_env: as for a static job.
         discovery_interval: seconds between discovery runs.
-        rendezvous_host: the address the job's store binds to (loopback: every worker runs on this machine).
-        accepts_host: which discovered hosts the driver can start workers on (default: this machine's names);
-            a launcher that registers its own starter (:func:`horovod.runner.exec.register_starter`) for other
-            hosts, e.g. Spark tasks, widens it.
+        rendezvous_host: the address the job's store binds to when ``accepts_host`` is given (otherwise the
+            driver chooses one that remote hosts reach, see :mod:`horovod.runner.elastic.remote`).
+        accepts_host: which discovered hosts the driver can start workers on.  Default (``None``): this
+            machine's names, and remote hosts that pass an ssh check and reach the store (started over ssh).  A
+            launcher that registers its own starter (:func:`horovod.runner.exec.register_starter`), e.g. Spark
+            tasks, gives its own test instead.
+        ssh_port, ssh_identity_file: how to reach remote hosts (``-p``, ``-i``).
         stdout, stderr: where the workers' tagged output goes (the launcher's own streams by default).
     """
 
@@ -65,6 +68,8 @@ class ElasticSettings:
     discovery_interval: float = DISCOVERY_INTERVAL
     rendezvous_host: str = LOCAL_RENDEZVOUS_HOST
     accepts_host: Optional[Callable[[str], bool]] = None
+    ssh_port: Optional[int] = None
+    ssh_identity_file: Optional[str] = None
     stdout: Optional[IO[str]] = None
     stderr: Optional[IO[str]] = None
 

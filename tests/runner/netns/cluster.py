@@ -33,7 +33,10 @@ SSH_PORT = 2222
 SUBNET = "10.200.0"
 STEP_TIMEOUT = 20.0
 SETUP_SCRIPT = Path(__file__).with_name("setup_hosts.sh")
-_NAME_RE = re.compile(r"^hvdt(\d+)[a-z]$")
+#: Namespace names start with this (``HVD_NETNS_PREFIX`` overrides it: parallel checkouts can tell theirs apart),
+#: then the creating process's id and one letter per host.
+PREFIX = os.environ.get("HVD_NETNS_PREFIX", "hvdt")
+_NAME_RE = re.compile(rf"^{re.escape(PREFIX)}(\d+)[a-z]$")
 
 
 class ClusterUnavailable(RuntimeError):
@@ -129,7 +132,7 @@ class NetnsCluster:
 
     def __init__(self, workdir: Path):
         self.dir = Path(workdir)
-        self.prefix = f"hvdt{os.getpid()}"
+        self.prefix = f"{PREFIX}{os.getpid()}"
         self.driver_ns = self.prefix + "d"
         self.driver_addr = f"{SUBNET}.1"
         self.hosts: Dict[str, FakeHost] = {

@@ -1,0 +1,106 @@
+"""hvd.init() while a local process floods rank 0's listening ports with silent connections (real ranks, real sockets).
+
+Any local user can read a job's listening ports from /proc/net/tcp and connect without the secret.  However many
+such connections there are, the real ranks must still connect: pending handshakes are bounded and the oldest is
+pushed out, never an authenticated peer, and a rank pushed out mid-handshake dials again.
+"""
+from __future__ import annotations
+
+import resource
+import socket
+import time
+
+import pytest
+
+from horovod.transport import sockets
+from multiproc import run_ranks
+
+STRANGERS = 300   # far over the pending-handshake bound (sockets.MAX_PENDING_HANDSHAKES)
+
+
+def _init_and_allreduce():
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    start = time.monotonic()
+    hvd.init()
+    out = hvd.allreduce(np.full(4, hvd.rank() + 1, np.float32), op=hvd.Sum, name="after-flood")
+    took = time.monotonic() - start
+    hvd.shutdown()
+    return [float(v) for v in out], took
+
+
+def _wait_for_key(store, key: str, scope_suffix: str = "", timeout: float = 30.0):
+    """The first ``(scope, value)`` in the rendezvous store under ``key`` (in a scope ending with ``scope_suffix``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for (scope, k), value in list(store._data.items()):
+            if k == key and scope.endswith(scope_suffix):
+                return scope, value
+        time.sleep(0.01)
+    raise AssertionError(f"no rank published '{key}' within {timeout} s")
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_hundreds_of_silent_connections_to_rank_0_do_not_push_out_rank_1(transport):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4 * STRANGERS:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8 * STRANGERS), hard))
+    planted = []
+
+    def flood(job):
+        # Rank 1 is held before hvd.init(); rank 0 publishes its control-plane address and waits for it.
+        _, value = _wait_for_key(job.server.store, "coordinator")
+        host, port = sockets.parse_hostport(value.decode())
+        for _ in range(STRANGERS):
+            planted.append(socket.create_connection((host, port), timeout=10))
+        if transport == "tcp":
+            # The data plane's listener too (rank 0 publishes it once the control plane formed, so only after
+            # rank 1 joined): flood it from a thread while the ranks connect.
+            import threading
+
+            def flood_data_plane():
+                try:
+                    _, addr = _wait_for_key(job.server.store, "0", "-tcp")
+                except AssertionError:
+                    return
+                h, p = sockets.parse_hostport(addr.decode())
+                for _ in range(STRANGERS):
+                    try:
+                        planted.append(socket.create_connection((h, p), timeout=10))
+                    except OSError:
+                        return   # the mesh formed and closed its listener: the flood came too late, harmless
+
+            threading.Thread(target=flood_data_plane, daemon=True).start()
+        time.sleep(0.5)   # let rank 0 accept them all: the flood is in place before rank 1 arrives
+        job.release()
+
+    try:
+        out = run_ranks(_init_and_allreduce, 2, hold=[1], on_start=flood, timeout=60,
+                        env={"HOROVOD_TRANSPORT": transport})
+    finally:
+        for s in planted:
+            s.close()
+    for rank, (values, took) in enumerate(out):
+        assert values == [3.0] * 4, f"rank {rank}: {values}"
+        # Strangers are pushed out, not waited for: far from the 120 s init timeout or their 10 s windows.
+        assert took < 30, f"rank {rank}: init + allreduce took {took:.1f} s beside {STRANGERS} silent connections"
+
+
+def test_pending_handshakes_push_out_the_oldest_and_keep_the_bound():
+    pending = sockets.PendingHandshakes(limit=3)
+    pairs = [socket.socketpair() for _ in range(5)]
+    try:
+        pushed = [pending.add(a) for a, _ in pairs]
+        assert pushed[:3] == [None, None, None]
+        assert pushed[3] is pairs[0][0] and pushed[4] is pairs[1][0]
+        assert len(pending) == 3 and pending.pushed_out == 2
+        # The pushed-out connections were shut down: their peers see the end at once.
+        assert pairs[0][1].recv(1) == b"" and pairs[1][1].recv(1) == b""
+        assert not pending.settle(pairs[0][0]), "a pushed-out connection must not be admitted"
+        assert pending.settle(pairs[4][0]) and len(pending) == 2
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
