@@ -28,6 +28,8 @@ from engine_helpers import run, transport_skip_reason
 COMBOS: List[Tuple[str, str, int]] = [(b, t, n) for b in ("numpy", "torch", "tensorflow", "mxnet")
                                       for t, n in (("tcp", 2), ("shm", 3))]
 COMBOS.append(("numpy", "mpi", 2))
+# JAX is the newest binding: every transport at every size from 1 to 4.
+COMBOS += [("jax", t, n) for t in ("tcp", "shm", "mpi") for n in (1, 2, 3, 4)]
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1",
               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
 JOB_TIMEOUT = 300.0
