@@ -28,7 +28,9 @@ def _leaves(tree: Any, what: str):
             out.append(leaf if is_traced(leaf) else as_jax(leaf, what))
         except TypeError as exc:
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][i][0])
-            raise TypeError(f"horovod.jax.{what}: the leaf at {path or '<root>'} is a {type(leaf).__name__}, not an "
+            if not path:   # not a tree at all: as_jax's message says what is expected
+                raise
+            raise TypeError(f"horovod.jax.{what}: the leaf at {path} is a {type(leaf).__name__}, not an "
                             f"array; move such values out of the tree (hvd.broadcast_object carries any picklable "
                             f"value).") from exc
     return out, treedef
