@@ -14,32 +14,18 @@ so unnamed operations are matched across ranks by the order in which they run.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from horovod.common import binding_ops
 from horovod.common.adapter import ArrayAdapter
 from horovod.common.basics import Adasum
-from horovod.common.buckets import plan_buckets
+from horovod.common.buckets import configured_cap, plan_buckets
 from horovod.common.process_sets import ProcessSet, _set_id, group_op_names, op_name
-from horovod.engine import config as _config
 from horovod.engine.collectives import blocking
 
 NUMPY = ArrayAdapter()
-_BUCKET_KNOB = "HOROVOD_GRADIENT_BUCKET_BYTES"
-_bucket_bytes_by_raw: Dict[Optional[str], int] = {}
-
-
-def bucket_bytes() -> int:
-    """``HOROVOD_GRADIENT_BUCKET_BYTES`` as the engine's config reads it (parsed once per distinct value: the
-    pytree forms run every step, and a full config load costs ~0.1 ms)."""
-    raw = _config.environ().get(_BUCKET_KNOB)
-    value = _bucket_bytes_by_raw.get(raw)
-    if value is None:
-        value = _bucket_bytes_by_raw[raw] = _config.load({} if raw is None else {_BUCKET_KNOB: raw}) \
-            .gradient_bucket_bytes
-    return value
 
 
 def host_arrays(values: Sequence[Any]) -> List[np.ndarray]:
@@ -85,7 +71,7 @@ def allreduce_leaves(arrays: Sequence[np.ndarray], op: int, prescale: float, pos
     """Reduce every array (one atomic group, small ones packed in buckets); new arrays, in order."""
     if not arrays:
         return []
-    packed, unpack = pack(arrays, 0 if op == Adasum else bucket_bytes())
+    packed, unpack = pack(arrays, 0 if op == Adasum else configured_cap())
     names, _ = group_op_names("allreduce_tree", name, len(packed), process_set)
     results = binding_ops.complete(binding_ops.allreduce(NUMPY, packed, names, op, prescale, postscale,
                                                          _set_id(process_set), inplace=False, grouped=True))
@@ -98,7 +84,7 @@ def broadcast_leaves(arrays: Sequence[np.ndarray], root_rank: int, process_set: 
     """Every array of ``root_rank`` on every rank (small ones packed in buckets); new arrays, in order."""
     if not arrays:
         return []
-    packed, unpack = pack(arrays, bucket_bytes())
+    packed, unpack = pack(arrays, configured_cap())
     set_id = _set_id(process_set)
     base = op_name("broadcast_tree", name, process_set)   # one name per call: matched by issue order if unnamed
     pending = [binding_ops.broadcast(NUMPY, a, f"{base}.{i}", root_rank, set_id, inplace=False)

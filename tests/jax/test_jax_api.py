@@ -223,3 +223,31 @@ def test_arrays_on_several_devices():
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_ENABLE_X64": "0"}
     assert_no_failures(run(sharded_worker, 1, env=env), minimum_checks=5)
 
+
+
+def test_pytree_leaves_are_packed_into_buckets():
+    import ml_dtypes
+    import numpy as np
+
+    from horovod.common.buckets import configured_cap
+    from horovod.engine import config
+    from horovod.jax.host import pack
+
+    leaves = [np.arange(4, dtype=np.float32), np.arange(6, dtype=np.float32).reshape(2, 3),
+              np.arange(3, dtype=np.int32), np.ones(1000, np.float32), np.arange(2, dtype=np.float32),
+              np.arange(2, dtype=np.float32) + 5, np.zeros((), np.float32), np.ones(4, ml_dtypes.bfloat16)]
+    packed, unpack = pack(leaves, cap=64)
+    # buckets first: [0, 1] (40 bytes of float32), [4, 5, 6] (20 bytes); then the leaves in none: the int32 one
+    # between float32 neighbours, the one over the cap, the lone bfloat16
+    assert [p.size for p in packed] == [10, 5, 3, 1000, 4]
+    back = unpack([p.copy() for p in packed])
+    for got, want in zip(back, leaves):
+        assert got.shape == want.shape and got.dtype == want.dtype and (got == want).all()
+    same, identity = pack(leaves, cap=0)
+    assert same == leaves and identity(same) == leaves
+    config.set_environ("HOROVOD_GRADIENT_BUCKET_BYTES", "1024")
+    try:
+        assert configured_cap() == 1024
+    finally:
+        config.set_environ("HOROVOD_GRADIENT_BUCKET_BYTES", None)
+    assert configured_cap() == 4 << 20
