@@ -1,6 +1,6 @@
 """One behaviour suite over every binding's adapter (horovod/common/adapter.py) and its handle semantics.
 
-Each test runs the same worker in two real ranks for one binding (numpy, torch, tensorflow, mxnet).  Inside each
+Each test runs the same worker in two real ranks for one binding (numpy, torch, tensorflow, mxnet, jax).  Inside each
 rank the worker checks, for every dtype the binding carries (bfloat16 included):
 
 - the protocol itself: a contiguous tensor is viewed without a copy (the engine's array shares its memory),
@@ -50,6 +50,10 @@ def _mxnet_unavailable():
 def _skip_reason(binding):
     if binding == "mxnet":
         return _mxnet_unavailable()
+    if binding == "jax" and "jax" not in sys.modules:   # tests/jax alone would be found as a namespace package
+        spec = importlib.util.find_spec("jax")
+        if spec is None or spec.origin in (None, "namespace") or importlib.util.find_spec("optax") is None:
+            return f"jax and optax are not installed for {sys.executable} (pip install 'horovod-next[jax]')"
     if importlib.util.find_spec(binding) is None:
         return f"{binding} is not installed for {sys.executable}"
     return None
@@ -63,6 +67,7 @@ class Probe:
     noncontiguous = True      # the framework has non-contiguous tensors the engine cannot view directly
     zero_copy = True          # contiguous tensors are viewed, not copied
     int_handles = True        # poll / synchronize / *_async
+    inplace = True            # the tensors can be written into (allreduce_, write_back)
 
     def storage(self, t):
         """The tensor's values in the engine's storage form (bfloat16 as uint16 bits)."""
@@ -204,7 +209,40 @@ class MxnetProbe(Probe):
         return False
 
 
-PROBES = {"numpy": NumpyProbe, "torch": TorchProbe, "tensorflow": TensorflowProbe, "mxnet": MxnetProbe}
+class JaxProbe(Probe):
+    """JAX arrays on the CPU: viewed in place (read-only), never written into (immutable: no in-place forms)."""
+
+    noncontiguous = False     # jax.Array has no strided views: every array is row-major
+    inplace = False
+
+    def __init__(self):
+        import jax
+
+        jax.config.update("jax_enable_x64", True)   # int64 / float64 arrays exist in JAX's 64-bit mode only
+        import jax.numpy as jnp
+        import numpy as np
+
+        import horovod.jax as hvd
+        from horovod.jax import mpi_ops
+
+        self.jnp, self.np, self.hvd = jnp, np, hvd
+        self.collectives = mpi_ops._collectives
+        self.adapter = self.collectives.adapter
+
+    def make(self, storage, dtype, contiguous=True):
+        values = storage.view(self.jnp.bfloat16) if dtype == "bfloat16" else storage
+        return self.jnp.asarray(values)
+
+    def storage(self, t):
+        t = self.np.asarray(t)
+        return t.view(self.np.uint16) if t.dtype.name == "bfloat16" else t
+
+    def shares_memory(self, view, t):
+        return view.array.ctypes.data == t.unsafe_buffer_pointer()
+
+
+PROBES = {"numpy": NumpyProbe, "torch": TorchProbe, "tensorflow": TensorflowProbe, "mxnet": MxnetProbe,
+          "jax": JaxProbe}
 
 
 def _values(dtype: str, rank: int, shape=(3, 4)):
@@ -260,6 +298,10 @@ def _protocol_checks(p: Probe, c, rank: int) -> None:
             c.true(type(out) is type(t) or isinstance(out, type(t)), f"{what}: result() is a {type(out)}")
             # in place: the engine writes into view.array, finish_inplace leaves the result in the caller's tensor
             new = _values(dtype, rank + 3)
+            if not p.inplace:   # immutable tensors: both ways of writing into one are refused, saying why
+                c.raises(f"{what}: in-place view", TypeError, p.adapter.inplace_view, t, match="immutable")
+                c.raises(f"{what}: write_back", TypeError, p.adapter.write_back, t, new, match="immutable")
+                continue
             if isinstance(t, np.ndarray) and not contiguous:   # numpy refuses what it cannot write into
                 c.raises(f"{what}: in-place view", ValueError, p.adapter.inplace_view, t, match="C-contiguous")
             else:
@@ -287,6 +329,8 @@ def _collective_checks(p: Probe, c, rank: int, size: int) -> None:
             out = p.hvd.allreduce(t, op=p.hvd.Sum, name=f"new_{name}")
             c.equal(p.storage(out), want, f"{what}: new result")
             c.equal(p.storage(t), _values(dtype, rank), f"{what}: input unchanged")
+            if not p.inplace:
+                continue
             if isinstance(t, np.ndarray) and not contiguous:
                 c.raises(f"{what}: in place on a non-contiguous numpy array", ValueError, p.hvd.allreduce_, t,
                          op=p.hvd.Sum, name=f"in_{name}", match="C-contiguous")
@@ -294,7 +338,7 @@ def _collective_checks(p: Probe, c, rank: int, size: int) -> None:
             res = p.hvd.allreduce_(t, op=p.hvd.Sum, name=f"in_{name}")
             c.true(res is t, f"{what}: in place returned another object")
             c.equal(p.storage(t), want, f"{what}: in place result in the caller's tensor")
-        if p.int_handles and p.zero_copy:
+        if p.int_handles and p.zero_copy and p.inplace:
             # the zero-copy path really writes into the caller's memory: watch it through a second view
             t = p.make(_values(dtype, rank), dtype)
             alias = p.adapter.view(t).array
@@ -417,7 +461,7 @@ def adapter_suite(binding: str) -> dict:
     return c.report()
 
 
-@pytest.mark.parametrize("binding", ["numpy", "torch", "tensorflow", "mxnet"])
+@pytest.mark.parametrize("binding", ["numpy", "torch", "tensorflow", "mxnet", "jax"])
 def test_adapter_behaviour(binding):
     reason = _skip_reason(binding)
     if reason:

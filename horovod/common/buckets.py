@@ -7,7 +7,22 @@ every rank.  ``HOROVOD_GRADIENT_BUCKET_BYTES`` (``engine.config``'s ``gradient_b
 """
 from __future__ import annotations
 
-from typing import Hashable, List, Optional, Sequence
+from typing import Dict, Hashable, List, Optional, Sequence
+
+from horovod.engine import config as _config
+
+_KNOB = "HOROVOD_GRADIENT_BUCKET_BYTES"
+_cap_by_raw: Dict[Optional[str], int] = {}
+
+
+def configured_cap() -> int:
+    """``HOROVOD_GRADIENT_BUCKET_BYTES`` as the engine's config reads it, parsed once per distinct value (bindings
+    ask at every step, and a full config load costs ~0.1 ms)."""
+    raw = _config.environ().get(_KNOB)
+    value = _cap_by_raw.get(raw)
+    if value is None:
+        value = _cap_by_raw[raw] = _config.load({} if raw is None else {_KNOB: raw}).gradient_bucket_bytes
+    return value
 
 
 def plan_buckets(nbytes: Sequence[Optional[int]], dtypes: Sequence[Hashable], cap: int) -> List[List[int]]:

@@ -251,8 +251,43 @@ class MxnetAdapter(Adapter):
         return t.asnumpy()
 
 
+class JaxAdapter(Adapter):
+    """``horovod.jax`` on concrete ``jax.Array`` values (the jit path has its own suite in tests/jax)."""
+
+    name, module, framework = "jax", "horovod.jax", "jax"
+    inplace = False   # JAX arrays are immutable: horovod.jax has no in-place forms
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        # With tests/ on sys.path, tests/jax would import as an empty namespace package named jax.
+        spec = importlib.util.find_spec("jax") if "jax" not in sys.modules else None
+        if "jax" not in sys.modules and (spec is None or spec.origin in (None, "namespace")):
+            return f"jax is not installed for {sys.executable} (pip install 'horovod-next[jax]')"
+        if importlib.util.find_spec("optax") is None:
+            return f"optax is not installed for {sys.executable} (pip install 'horovod-next[jax]')"
+        return None
+
+    def __init__(self) -> None:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)   # int64 / float64 arrays exist in JAX's 64-bit mode only
+        super().__init__()
+        import jax.numpy as jnp
+
+        self.jnp = jnp
+
+    def tensor(self, storage, dtype):
+        if dtype == "bfloat16":
+            return self.jnp.asarray(np.asarray(storage, dtype=np.uint16).view(self.jnp.bfloat16))
+        return self.jnp.asarray(storage)
+
+    def storage(self, t, dtype):
+        array = np.asarray(t)
+        return array.view(np.uint16) if dtype == "bfloat16" else array
+
+
 ADAPTERS = {cls.name: cls for cls in (NumpyAdapter, DeviceAdapter, TorchAdapter, TorchCudaAdapter, TensorflowAdapter,
-                                      MxnetAdapter)}
+                                      MxnetAdapter, JaxAdapter)}
 
 
 def skip_reason(binding: str, dtype: Optional[str] = None, needs_inplace: bool = False) -> Optional[str]:

@@ -32,6 +32,8 @@ COMBOS.append(("numpy", "mpi", 2))
 # is (np = 1: NCCL; np >= 2 on one GPU: staged, unless NCCL >= 2.30 lets ranks share it).
 COMBOS += [("device", "tcp", 2), ("device", "shm", 3), ("device", "mpi", 2),
            ("torch-cuda", "tcp", 1), ("torch-cuda", "tcp", 2), ("torch-cuda", "shm", 3)]
+# JAX is the newest binding: every transport at every size from 1 to 4.
+COMBOS += [("jax", t, n) for t in ("tcp", "shm", "mpi") for n in (1, 2, 3, 4)]
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1",
               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
 JOB_TIMEOUT = 300.0
