@@ -227,9 +227,11 @@ class RoundState:
     def in_round(self) -> bool:
         return self.posted > self.done
 
-    def wants_post(self, highest: int) -> bool:
-        """Whether to post the next round now: new hits, a void round to repeat, or others already in it."""
-        return not self.in_round and (self._fresh or highest > self.posted)
+    def wants_post(self, highest: int, answer: bool = True) -> bool:
+        """Whether to post the next round now: new hits, a void round to repeat, or others already in it (when
+        ``answer``: a rank with nothing in flight lets them wait for its next hit instead of posting an empty
+        round now, except at its idle poll)."""
+        return not self.in_round and (self._fresh or (answer and highest > self.posted))
 
     # -- a round ---------------------------------------------------------------------------------------------
 

@@ -161,6 +161,7 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         self.slot_table = SlotTable(self._warm.state.cache.capacity) if self._warm and rank == 0 else None
         self._invalidations: List[int] = []   # rank 0: slots every rank must drop, sent with the next message
         self._finishing = False
+        self._idle_polling = False
         if self._warm is not None:
             self._selector.register(self._warm.board.wake_fd, selectors.EVENT_READ, "board")
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
@@ -415,8 +416,13 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             if not self._drive.acquire(blocking=needed, timeout=1.0 if needed else -1):
                 continue
             try:
-                if not needed and not self._guarded_step(0.0):   # idle poll: heartbeats, notices, stalls
-                    return
+                if not needed:   # idle poll: heartbeats, notices, stalls, rounds others wait in
+                    self._idle_polling = True
+                    try:
+                        if not self._guarded_step(0.0):
+                            return
+                    finally:
+                        self._idle_polling = False
                 while self._needs_background():
                     if not self._guarded_step(self._select_timeout()):
                         return
@@ -445,6 +451,10 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             timeout = 0.0
         events = None
         warm = self._warm
+        if warm is not None and self._dead is None:
+            # Post this rank's new hits before waiting: the other ranks may be waiting for exactly that.
+            if not self._advance_rounds():
+                return False
         if spin and timeout != 0.0:
             if warm is None:
                 events = self._spinner.spin(lambda: self._selector.select(0))
@@ -601,8 +611,15 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
     # -- the warm path --------------------------------------------------------------------------------
     def _advance_rounds(self) -> bool:
         """Post, finish and run rounds of the warm path as far as possible now (see horovod/engine/rounds.py)."""
-        self._warm.advance(time.monotonic(), self._run_message, self._run_warm, self._send_cold, self._read_control)
+        self._warm.advance(time.monotonic(), self._run_message, self._run_warm, self._send_cold, self._read_control,
+                           self._answers_rounds)
         return self._dead is None
+
+    def _answers_rounds(self) -> bool:
+        """Whether this rank joins a round others opened even with nothing to add: while anything is in flight
+        here (it may wait for that round), on the coordinator's idle poll, and at the background thread's."""
+        return bool(self._inflight) or self._idle_polling or (
+            self.coordinator is not None and any(not info.included(self.rank) for info in self.sets.values()))
 
     def _run_warm(self, templates: List[Response]) -> None:
         planned = fusion.plan(templates, self.config.fusion_threshold, self.config.disable_group_fusion)

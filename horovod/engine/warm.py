@@ -79,7 +79,7 @@ class WarmPath:
 
     def advance(self, now: float, run_message: Callable[[ControlMessage], None],
                 run_responses: Callable[[List[Response]], None], send_cold: Callable[[List[Request]], None],
-                read_control: Callable[[], None]) -> None:
+                read_control: Callable[[], None], answer: Callable[[], bool]) -> None:
         """Make every step of the rounds that can be made now: run the coordinator's messages whose round is
         finished, finish the open round when everyone posted, send stale hits in full, post the next round."""
         state, board = self.state, self.board
@@ -102,7 +102,7 @@ class WarmPath:
             if cold:
                 send_cold(cold)
             with self.lock:
-                if not state.wants_post(board.highest()):
+                if not state.wants_post(board.highest(), answer() or bool(self.deferred)):
                     return
                 vector = state.vector()
             board.post(state.posted, vector[:state.length])
