@@ -52,9 +52,11 @@ class CoordinatorRole:
             params, self._tuned = self._tuned, None
             if not self._dispatch(planned, params):
                 return False
-        elif self._invalidations:
-            # Dropped slots must reach every rank even when nothing is ready: their hits come here in full.
-            if not self._dispatch([], None):
+        elif self._invalidations or (self._tuned and self._warm is not None):
+            # Dropped slots must reach every rank even when nothing is ready (their hits come here in full), and
+            # so must tuned knobs when every step runs warm.
+            params, self._tuned = self._tuned, None
+            if not self._dispatch([], params):
                 return False
         return True
 
