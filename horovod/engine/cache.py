@@ -33,7 +33,7 @@ def inline_data(req: Request) -> Optional[bytes]:
 def _signature(req: Request, data: Optional[bytes]) -> tuple:
     payload = None if data is not None else req.payload
     return (req.name, req.process_set, req.kind, req.dtype, req.shape, req.op, req.root, req.prescale,
-            req.postscale, req.group, req.splits, payload, data is not None, req.device)
+            req.postscale, req.group, req.splits, payload, data is not None, req.blocking, req.device)
 
 
 def _template(req: Request, data: Optional[bytes], slot: int) -> Request:

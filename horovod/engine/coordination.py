@@ -5,11 +5,12 @@ the decisions themselves — which tensors are ready, conflicts, stalls — are 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Dict, List, Optional
 
-from horovod.engine import fusion
+from horovod.engine import fusion, rounds
 from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError
 from horovod.engine.messages import ControlMessage, Response
 
@@ -32,12 +33,15 @@ class CoordinatorRole:
                 for wire in msg.requests:
                     req, data = self.mirror_cache.decode(peer, wire)
                     self.timeline.negotiate(req, now)
+                    self._note_cold(req)
                     coord.add(req, now, data)
         coord.check_kind_conflicts()
         self._inspect_stalls(now)
         ready = coord.take_ready()
         if ready:
             self.timeline.negotiated(ready, now)
+            if self.slot_table is not None and self._warm.usable:
+                ready = [self._with_slot(resp) for resp in ready]
             if not self._held:
                 self._held_since = now
             self._held.extend(ready)
@@ -46,32 +50,60 @@ class CoordinatorRole:
             planned = fusion.plan(self._held, self.config.fusion_threshold, self.config.disable_group_fusion)
             self._held = []
             params, self._tuned = self._tuned, None
-            failed = self._send_responses(planned, params)
-            if failed:
-                self._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
-                                           f"{SHUTDOWN_MESSAGE}"), notify=True)
+            if not self._dispatch(planned, params):
                 return False
-            self._execute_all(planned)
-            if self.autotuner is not None:
-                self._autotune(planned, now)
+        elif self._invalidations or (self._tuned and self._warm is not None):
+            # Dropped slots must reach every rank even when nothing is ready (their hits come here in full), and
+            # so must tuned knobs when every step runs warm.
+            params, self._tuned = self._tuned, None
+            if not self._dispatch([], params):
+                return False
         return True
 
-    def _send_responses(self, planned: List[Response], params: Optional[dict]) -> List[int]:
+    def _dispatch(self, planned: List[Response], params: Optional[dict]) -> bool:
+        """Send ``planned`` to the ranks and run it here (with the warm path: once this round is finished)."""
+        warm = self._warm
+        invalidate, self._invalidations = self._invalidations, []
+        tag = warm.state.posted if warm is not None else 0
+        failed = self._send_responses(planned, params, tag, invalidate)
+        if failed:
+            self._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
+                                       f"{SHUTDOWN_MESSAGE}"), notify=True)
+            return False
+        if warm is not None:
+            warm.deferred.append(ControlMessage(responses=planned, params=params, round=tag, invalidate=invalidate))
+            return True
+        self._execute_all(planned)
+        if self.autotuner is not None:
+            self._autotune(planned, time.monotonic())
+        return True
+
+    def _with_slot(self, resp: Response) -> Response:
+        """``resp`` with a response-cache slot when it may be cached (a copy: the coordinator reuses responses)."""
+        if not rounds.cacheable(resp):
+            return resp
+        slot = self.slot_table.assign((0, resp.names[0]))
+        return dataclasses.replace(resp, slots=[slot])
+
+    def _send_responses(self, planned: List[Response], params: Optional[dict], tag: int = 0,
+                        invalidate: Optional[List[int]] = None) -> List[int]:
         """Send each response to the members of its process set; returns the ranks that could not be reached.
 
         Non-members never see a set's traffic: an idle rank that is not reading its connection must not have it
-        filled by collectives it takes no part in.
+        filled by collectives it takes no part in (dropped cache slots and tuned knobs go to everyone).
         """
         everyone = list(self.control.peers)
+        invalidate = invalidate or []
         if all(resp.process_set == 0 or resp.process_set not in self.sets for resp in planned):
-            return self.control.broadcast(ControlMessage(responses=planned, params=params))
+            return self.control.broadcast(ControlMessage(responses=planned, params=params, round=tag,
+                                                         invalidate=invalidate))
         per_peer: Dict[int, List[Response]] = {peer: [] for peer in everyone}
         for resp in planned:
             info = self.sets.get(resp.process_set)
             for peer in (everyone if info is None else [r for r in info.ranks if r in per_peer]):
                 per_peer[peer].append(resp)
-        messages = {peer: ControlMessage(responses=resps, params=params)
-                    for peer, resps in per_peer.items() if resps or params}
+        messages = {peer: ControlMessage(responses=resps, params=params, round=tag, invalidate=invalidate)
+                    for peer, resps in per_peer.items() if resps or params or invalidate}
         return self.control.send_each(messages)
 
     def _autotune(self, planned: List[Response], now: float) -> None:
@@ -81,9 +113,11 @@ class CoordinatorRole:
         changes = self.autotuner.record(nbytes, now)
         if changes:
             # The coordinator plans fusion and holds tensors, so the change takes effect here at once; the other
-            # ranks learn it with the next responses.
-            self.config = self.config.replace(**changes)
-            self._tuned = changes
+            # ranks learn it with the next responses. With the warm path every rank fuses its own hits, so rank 0
+            # changes with the others, when it runs that message.
+            if self._warm is None:
+                self.config = self.config.replace(**changes)
+            self._tuned = {**(self._tuned or {}), **changes}
 
     def _inspect_stalls(self, now: float) -> None:
         if self.config.stall_check_disable or now - self._last_stall_check < self._stall_every:

@@ -9,8 +9,9 @@ the coordinator would have sent. Anything else (a different tensor, a mismatch, 
 the number *slow*, and every rank sends its request to the coordinator as before: errors, joins and stall
 reports are unchanged.
 
-Why the lane numbers pair up: every collective a rank issues on the global process set takes the next number
-(the engine posts a slow entry for everything it does not propose), all ranks issue the same collectives on it,
+Why the lane numbers pair up: every collective a rank issues on the global process set — or on another set of
+every rank, which a rank may pass where another passes the global set — takes the next number (the engine posts a
+slow entry for everything it does not propose), all ranks issue the same collectives on those sets,
 and a rank proposes a fast entry only for a blocking call while nothing else is in flight on it, with no
 process set on the coordinator that it serves without being a member. A rank that joins, shuts down or runs with
 the lane off closes its lane; its missing entries count as slow.
@@ -92,12 +93,14 @@ class FastLane:
             self.board.post_slow(1)
         return seq
 
-    def note(self, requests: Sequence[Request]) -> None:
-        """Post a slow entry for each request on the global process set; a join closes the lane."""
+    def note(self, requests: Sequence[Request], spanning: Sequence[int] = (0,)) -> None:
+        """Post a slow entry for each request on the global process set, or on any set of every rank
+        (``spanning``: a rank that passes such a set where another passes the global one must make that rank's
+        proposal slow, so that the coordinator reports the mismatch); a join closes the lane."""
         count = 0
         join = False
         for req in requests:
-            if req.process_set == 0:
+            if req.process_set == 0 or req.process_set in spanning:
                 count += 1
                 join = join or req.kind == ops.JOIN
         if count:
@@ -168,7 +171,7 @@ class LaneUse:
             if not seq:
                 self._drive.release()
             return seq
-        lane.note(requests)
+        lane.note(requests, [sid for sid, info in self.sets.items() if len(info.ranks) == self.size])
         return 0
 
     def _settle_on_lane(self, seq: int, entry: Entry) -> bool:

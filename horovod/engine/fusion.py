@@ -60,6 +60,9 @@ def plan(ready: Sequence[Response], threshold: int, separate_groups: bool = Fals
             current.names.extend(resp.names)
             current.shapes.extend(resp.shapes)
             current.first_dims.extend(resp.first_dims)
+            if resp.slots or current.slots:
+                current.slots = (current.slots or [-1] * (len(current.names) - len(resp.names))) + \
+                    (list(resp.slots) or [-1] * len(resp.names))
             current_bytes += size
             continue
         current = None
@@ -67,7 +70,7 @@ def plan(ready: Sequence[Response], threshold: int, separate_groups: bool = Fals
             current = Response(resp.kind, list(resp.names), resp.process_set, resp.dtype, resp.op, resp.root,
                                resp.prescale, resp.postscale, list(resp.shapes), list(resp.first_dims),
                                list(resp.splits), resp.error, resp.joined, resp.last_joined, resp.payload,
-                               resp.group, resp.error_kind, resp.device)
+                               resp.group, resp.error_kind, list(resp.slots), resp.device)
             current_bytes = size
             out.append(current)
         else:

@@ -39,6 +39,8 @@ class Request:
         splits: for alltoall, rows sent to each member of the set.
         payload: extra data (process-set ranks for ADD_PROCESS_SET), or the bytes of an inline allreduce.
         slot: the sender's response-cache slot holding this request, or -1 (see :mod:`horovod.engine.cache`).
+        blocking: the caller waits on it right away (so it cannot issue anything else from that thread first);
+            the coordinator uses it to tell a barrier against a collective from a late rank.
         device: the GPU the tensor lives on (this rank's index), or -1 for host memory.
     """
 
@@ -56,6 +58,7 @@ class Request:
     splits: Optional[Tuple[int, ...]] = None
     payload: object = None
     slot: int = -1
+    blocking: bool = False
     device: int = -1
 
 
@@ -79,6 +82,8 @@ class Response:
         group: key of the explicit group the tensors belong to (``HOROVOD_DISABLE_GROUP_FUSION``).
         error_kind: what went wrong (ERROR): ``mismatch`` (ranks disagreed), ``stall`` (missing ranks past the
             stall shutdown time) or ``usage`` (a request no rank could have made valid); picks the exception.
+        slots: per tensor, the response-cache slot the coordinator assigned to it (-1: none); every rank stores
+            the tensor's response there, so that repeating it takes the warm path (:mod:`horovod.engine.rounds`).
         device: >= 0 when the tensors live on GPUs (the executor's device path), else -1.
     """
 
@@ -99,6 +104,7 @@ class Response:
     payload: object = None
     group: Optional[str] = None
     error_kind: str = "mismatch"
+    slots: List[int] = field(default_factory=list)
     device: int = -1
 
 
@@ -117,6 +123,9 @@ class ControlMessage:
         failure: the shutdown is caused by a failure (peer died, crash), not an orderly ``shutdown()``.
         reason: why, for the error every pending collective gets.
         params: tuned knob values the coordinator broadcasts (autotune).
+        round: with the warm path, the coordinator's last posted round: the responses run after that round's
+            and before the next one's on every rank (:mod:`horovod.engine.rounds`).
+        invalidate: response-cache slots every rank drops (before this message's responses assign any).
     """
 
     requests: List[object] = field(default_factory=list)
@@ -125,3 +134,5 @@ class ControlMessage:
     failure: bool = False
     reason: str = ""
     params: Optional[Dict[str, object]] = None
+    round: int = 0
+    invalidate: List[int] = field(default_factory=list)

@@ -41,6 +41,7 @@ class ProcessSetState:
     pending: "OrderedDict[str, _Pending]" = field(default_factory=OrderedDict)
     # group id -> names of that group already ready, waiting for the rest of the group
     groups: Dict[int, List[str]] = field(default_factory=dict)
+    barriers: Set[str] = field(default_factory=set)   # names of barriers submitted and maybe still pending
 
     @property
     def active(self) -> Set[int]:
@@ -190,6 +191,8 @@ class Coordinator:
         self._conflicts: Dict[str, Tuple[str, Set[int], Tuple[str, ...]]] = {}
         # (set id, name without its kind prefix) seen pending under two kinds: checked by check_kind_conflicts()
         self._kind_suspects: Set[Tuple[int, str]] = set()
+        # sets with a barrier pending and a blocking collective that arrived since: checked likewise
+        self._barrier_suspects: Set[int] = set()
 
     # -- process sets ---------------------------------------------------------------------------------
     def register_set(self, set_id: int, ranks: Sequence[int]) -> None:
@@ -240,6 +243,10 @@ class Coordinator:
             return
         entry.requests[req.rank] = req
         entry.data[req.rank] = data
+        if req.kind == ops.BARRIER or (req.blocking and pset.barriers):
+            if req.kind == ops.BARRIER:
+                pset.barriers.add(req.name)
+            self._barrier_suspects.add(pset.id)
         self._check(pset, req.name)
 
     def _conflicting_set(self, req: Request) -> Optional[ProcessSetState]:
@@ -283,6 +290,8 @@ class Coordinator:
         is seen whole: two kinds on one name are a mistake only when no rank submitted both of them. Every rank
         gets the error, naming which ranks did what; ranks that have not submitted yet get it when they do.
         """
+        while self._barrier_suspects:
+            self._check_barrier(self._barrier_suspects.pop())
         while self._kind_suspects:
             set_id, base = self._kind_suspects.pop()
             pset = self.sets.get(set_id)
@@ -302,6 +311,39 @@ class Coordinator:
                 self._ready.append(Response(ERROR, [name], set_id, error=error))
                 if expected:
                     self._conflicts[name] = (error, expected, tuple(names))
+
+    def _check_barrier(self, set_id: int) -> None:
+        """Fail a barrier that some ranks wait in while others wait in a collective those ranks never issued
+        (``allreduce(x, name='x')`` here, ``barrier()`` there): neither can ever complete. Every rank gets the
+        error naming who did what; ranks that have not submitted yet get it when they do."""
+        pset = self.sets.get(set_id)
+        if pset is None:
+            return
+        for barrier in [b for b in pset.barriers if b in pset.pending]:
+            in_barrier = set(pset.pending[barrier].requests)
+            for name, entry in list(pset.pending.items()):
+                if name in pset.barriers or name not in pset.pending:
+                    continue
+                blocked = sorted(r for r, req in entry.requests.items() if req.blocking and r not in in_barrier)
+                absent = sorted(in_barrier - set(entry.requests))
+                if not blocked or not absent:
+                    continue
+                kind = ops.KIND_NAMES.get(next(iter(entry.requests.values())).kind, "collective").lower()
+                error = (f"Mismatched operations: rank{'s' if len(blocked) > 1 else ''} "
+                         f"{', '.join(map(str, blocked))} called {kind} on tensor '{name}', but rank"
+                         f"{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} called barrier "
+                         f"('{barrier}') instead; every rank must call the same collectives in the same order.")
+                names = (name, barrier)
+                submitters = set(entry.requests) | in_barrier
+                expected = set(pset.active) - submitters
+                for failed in names:
+                    del pset.pending[failed]
+                    self._ready.append(Response(ERROR, [failed], set_id, error=error))
+                    if expected:
+                        self._conflicts[failed] = (error, expected, names)
+                pset.barriers.discard(barrier)
+                break
+        pset.barriers.intersection_update(pset.pending)
 
     def _recheck(self, pset: ProcessSetState) -> None:
         for name in list(pset.pending):

@@ -42,6 +42,8 @@ class ResponseExecution:
             if pset is None or not pset.included(self.rank):
                 continue
             if resp.kind == ops.JOIN:
+                if self._warm is not None:
+                    self._warm.joined_done()
                 self._complete(resp, [resp.last_joined])
                 continue
             with self._lock:

@@ -47,11 +47,15 @@ from horovod.engine.handles import Entry
 from horovod.engine.liveness import Liveness
 from horovod.engine.messages import ControlMessage, Request, Response
 from horovod.engine.negotiation import Coordinator
+from horovod.engine.rounds import SlotTable
 from horovod.engine.timeline import Timeline
+from horovod.engine.warm import WarmPath
 from horovod.transport.base import Transport, TransportError
 from horovod.transport.sockets import PeerError
 
 logger = logging.getLogger(__name__)
+
+_BOARD_READY = [None]   # a spinning waiter found the round board ready (not a selector event)
 
 
 def forked_error() -> HorovodInternalError:
@@ -153,6 +157,14 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         # Only a waiting caller spins: the background thread must leave the GIL to the caller's computation.
         self._spinner = Spinner(default_budget_us(config.topology.local_size, config.spin_us))
         self._lane = FastLane.open(world, config, size, self._spinner.budget_s * 1e6)
+        # The warm path (horovod/engine/rounds.py): repeated collectives agreed by one AND per round.
+        self._warm = WarmPath.open(world, config, size, control, self.timeline.enabled)
+        self.slot_table = SlotTable(self._warm.state.cache.capacity) if self._warm and rank == 0 else None
+        self._invalidations: List[int] = []   # rank 0: slots every rank must drop, sent with the next message
+        self._finishing = False
+        self._idle_polling = False
+        if self._warm is not None:
+            self._selector.register(self._warm.board.wake_fd, selectors.EVENT_READ, "board")
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -228,6 +240,9 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
                 keys.append(key)
                 seen.add(key)
             direct = [e.request for e in entries]
+            if attended:
+                for req in direct:
+                    req.blocking = True
             lane_seq = self._post_on_lane(direct, attended) if self._lane is not None else 0
             for key, entry in zip(keys, entries):
                 self._inflight[key] = entry
@@ -262,6 +277,10 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             batch, self._outbox = self._outbox, []
             if not batch:
                 return
+            if self._warm is not None:
+                batch = self._warm.take(batch, time.monotonic())
+                if not batch:
+                    return
             if self.coordinator is None:
                 self.control.send(0, ControlMessage(requests=[self.request_cache.encode(r) for r in batch]))
                 return
@@ -269,7 +288,27 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             for req in batch:
                 self.timeline.negotiate(req, now)
                 template, data, _ = self.request_cache.canonical(req)
+                self._note_cold(template)
                 self.coordinator.add(template, now, data)
+
+    def _send_cold(self, requests: List[Request]) -> None:
+        """Hand waiting hits of the warm path to the coordinator in full (see horovod/engine/rounds.py)."""
+        if self.coordinator is None:
+            self.control.send(0, ControlMessage(requests=[self.request_cache.encode(r) for r in requests]))
+            return
+        now = time.monotonic()
+        for req in requests:
+            template, data, _ = self.request_cache.canonical(req)
+            self._note_cold(template)
+            self.coordinator.add(template, now, data)
+
+    def _note_cold(self, req: Request) -> None:
+        """Rank 0: a request of the global set that reaches the coordinator drops its name's cache slot on every
+        rank, so that the other ranks' hits for it come here too and every request is checked as before."""
+        if self.slot_table is not None and req.process_set == 0:
+            slot = self.slot_table.invalidate((0, req.name))
+            if slot is not None:
+                self._invalidations.append(slot)
 
     def _run_alone(self, requests) -> None:
         """A job of one process has nobody to wait for: plan and execute right here, without any hand-off."""
@@ -342,6 +381,9 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             return False
         if self._inflight or self._stop_requested:
             return True
+        warm = self._warm
+        if warm is not None and (warm.state.in_round or warm.deferred):
+            return True   # everyone waits for this rank's round; its messages wait for the round
         coord = self.coordinator
         # Rank 0 serves process sets it is not a member of, and holds responses during a cycle-time window.
         return coord is not None and (bool(self._held) or coord.has_ready() or
@@ -375,8 +417,13 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             if not self._drive.acquire(blocking=needed, timeout=1.0 if needed else -1):
                 continue
             try:
-                if not needed and not self._guarded_step(0.0):   # idle poll: heartbeats, notices, stalls
-                    return
+                if not needed:   # idle poll: heartbeats, notices, stalls, rounds others wait in
+                    self._idle_polling = True
+                    try:
+                        if not self._guarded_step(0.0):
+                            return
+                    finally:
+                        self._idle_polling = False
                 while self._needs_background():
                     if not self._guarded_step(self._select_timeout()):
                         return
@@ -404,13 +451,41 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         if coord is not None and coord.has_ready():
             timeout = 0.0
         events = None
+        warm = self._warm
+        if warm is not None and self._dead is None:
+            # Post this rank's new hits before waiting: the other ranks may be waiting for exactly that.
+            if not self._advance_rounds():
+                return False
         if spin and timeout != 0.0:
-            events = self._spinner.spin(lambda: self._selector.select(0))
+            if warm is None:
+                events = self._spinner.spin(lambda: self._selector.select(0))
+            else:
+                events = self._spinner.spin(lambda: self._selector.select(0) or (_BOARD_READY if warm.ready() else None))
+                if events is _BOARD_READY:
+                    events = ()
         if events is None:
-            events = self._selector.select(timeout)
+            if warm is not None and timeout != 0.0:
+                cap = warm.sleep_cap()
+                if cap is not None:
+                    timeout = cap if timeout is None else min(timeout, cap)
+                warm.board.set_waiting(True)
+                if warm.ready():
+                    timeout = 0.0
+                try:
+                    events = self._selector.select(timeout)
+                finally:
+                    warm.board.set_waiting(False)
+            else:
+                events = self._selector.select(timeout)
         readable = []
         for key, _ in events:
-            if key.data is None:
+            if key.data == "board":
+                try:
+                    while os.read(key.fd, 8):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+            elif key.data is None:
                 try:
                     while self._wake_r.recv(4096):
                         pass
@@ -432,6 +507,9 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
                 return False
         elif not self._follow(readable):
             return False
+        if warm is not None and self._dead is None:
+            if not self._advance_rounds():
+                return False
         silent = self.liveness.silent()
         if silent:
             peer, quiet = silent[0]
@@ -448,6 +526,10 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             timeouts.append(max(0.0, self._held_since + self.config.cycle_time_ms / 1000.0 - time.monotonic()))
         if self.coordinator is not None and not self.config.stall_check_disable:
             timeouts.append(max(0.05, self._last_stall_check + self._stall_every - time.monotonic()))
+        if self._warm is not None:
+            due = self._warm.next_deadline()
+            if due is not None:
+                timeouts.append(max(0.0, due - time.monotonic()))
         return min(timeouts) if timeouts else None
 
     def _die_of_peer_failure(self, exc: BaseException) -> None:
@@ -484,6 +566,14 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         """Go down when ``msg`` says so (the coordinator relays it to everyone); True if it did."""
         if not msg.shutdown:
             return False
+        if self._warm is not None and not msg.failure and not self._finishing:
+            # An orderly leave: the leaver finished its rounds, so this rank can finish them too and run what the
+            # coordinator sent before the notice (the last responses of a rank that finished).
+            self._finishing = True
+            try:
+                self._advance_rounds()
+            except (PeerError, TransportError, OSError):
+                pass
         reason = msg.reason or SHUTDOWN_MESSAGE
         self._die(PeerFailureError(reason) if msg.failure else ShutdownError(reason),
                   notify=self.coordinator is not None)
@@ -497,7 +587,48 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             for msg in messages:
                 if self._obey_shutdown(msg):
                     return False
-                if msg.params:
-                    self.config = self.config.replace(**msg.params)
-                self._execute_all(msg.responses)
+                if self._warm is not None:
+                    self._warm.deferred.append(msg)   # runs once its round is finished here
+                else:
+                    self._run_message(msg)
         return True
+
+    def _run_message(self, msg: ControlMessage) -> None:
+        """Carry out one message of the coordinator: tuned knobs, dropped and assigned cache slots, responses."""
+        if msg.params:
+            self.config = self.config.replace(**msg.params)
+        if self._warm is not None and (msg.invalidate or any(r.slots for r in msg.responses)):
+            with self._lock:
+                own = {}
+                for resp in msg.responses:
+                    if resp.slots:
+                        for name in resp.names:
+                            entry = self._inflight.get((resp.process_set, name))
+                            if entry is not None:
+                                own[name] = entry.request
+            self._warm.apply(msg, own)
+        self._execute_all(msg.responses)
+
+    # -- the warm path --------------------------------------------------------------------------------
+    def _advance_rounds(self) -> bool:
+        """Post, finish and run rounds of the warm path as far as possible now (see horovod/engine/rounds.py)."""
+        self._warm.advance(time.monotonic(), self._run_message, self._run_warm, self._send_cold, self._read_control,
+                           self._answers_rounds)
+        return self._dead is None
+
+    def _answers_rounds(self) -> bool:
+        """Whether this rank joins a round others opened even with nothing to add: while anything is in flight
+        here (it may wait for that round), on the coordinator's idle poll, and at the background thread's."""
+        return bool(self._inflight) or self._idle_polling or (
+            self.coordinator is not None and any(not info.included(self.rank) for info in self.sets.values()))
+
+    def _run_warm(self, templates: List[Response]) -> None:
+        planned = fusion.plan(templates, self.config.fusion_threshold, self.config.disable_group_fusion)
+        self._execute_all(planned)
+        if self.autotuner is not None:
+            self._autotune(planned, time.monotonic())
+
+    def _read_control(self) -> None:
+        """A worker: take in whatever the coordinator has sent (kept until its round is finished)."""
+        if self.coordinator is None and 0 in self.control.peers:
+            self._follow([0])

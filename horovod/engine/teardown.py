@@ -34,9 +34,11 @@ class Teardown:
         self._close_lane()
 
     def _close_lane(self) -> None:
-        """No more fast-lane entries from this rank: the others decide its missing ones as slow."""
+        """No more fast-lane entries from this rank: the others decide its missing ones as slow; no more rounds."""
         if self._lane is not None:
             self._lane.close()
+        if getattr(self, "_warm", None) is not None:
+            self._warm.close()
 
     def _die(self, error: BaseException, notify: bool) -> None:
         with self._lock:

@@ -126,6 +126,11 @@ class Transport(abc.ABC):
         (:class:`horovod.transport.shm_lane.ShmLane`), or None where the transport has none."""
         return None
 
+    def round_board(self) -> Optional[Any]:
+        """A board on which every rank of the group ANDs a short vector of uint64 words once per engine round
+        (:class:`horovod.transport.shm_rounds.ShmRoundBoard`), or None where the transport has none."""
+        return None
+
     def close(self) -> None:
         """Release sockets, segments and threads.  Idempotent."""
 

@@ -50,6 +50,7 @@ class ShmGroup(Transport):
         self._rounds = 0
         self._free_at = [0, 0]
         self.lane_board = None   # the world group's fast lane, once the engine asked for it (shm.py)
+        self.rounds_board = None   # the world group's round board, likewise
         self._maps: List[mmap.mmap] = []
         self._typed_cache: Dict[Tuple[np.dtype, int], List[np.ndarray]] = {}
         self._sub_cache: Dict[Tuple[np.dtype, int], List[List[np.ndarray]]] = {}
@@ -266,6 +267,8 @@ class ShmGroup(Transport):
         self._closed = True
         if self.lane_board is not None:
             self.lane_board.release()
+        if self.rounds_board is not None:
+            self.rounds_board.release()
         self._typed_cache.clear()
         self._sub_cache.clear()
         self._half = self._meta = None

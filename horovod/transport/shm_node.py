@@ -45,6 +45,10 @@ POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, 
 LANE_FIELDS = 16
 LANE_FIELD_COUNT = 10
 LANE_PAYLOAD_BYTES = 1024
+# The round board (horovod/transport/shm_rounds.py): per segment, after the fast lane's payloads, two int64 fields and
+# two records of 1 + ROUND_WORDS words (only the world group's are used).
+ROUND_WORDS = 132
+ROUND_BOARD_BYTES = 8 * (2 + 2 * (1 + ROUND_WORDS))
 IO_CHUNK = 4 * MIB  # largest single socket read/write when a collective falls back to the sockets
 _LIVE_NODES: "weakref.WeakSet[Node]" = weakref.WeakSet()
 
@@ -66,6 +70,11 @@ def _round_up(n: int, k: int) -> int:
 def lane_payload_offset(size: int) -> int:
     """Where a segment's fast-lane payload starts: after the header and the two metadata blocks."""
     return 128 + 2 * _round_up(8 * (size + 2), LINE_BYTES)
+
+
+def round_board_offset(size: int) -> int:
+    """Where a segment's round board starts: after the fast lane's two payloads."""
+    return _round_up(lane_payload_offset(size) + 2 * LANE_PAYLOAD_BYTES, LINE_BYTES)
 
 
 def _make_wake() -> Tuple[int, int]:
@@ -108,10 +117,11 @@ def segment_layout(segment_bytes: int, size: int) -> Tuple[int, int, int, int]:
     """(metadata bytes per half, data offset, half bytes, total bytes) of a segment.
 
     Header: step counter at 0, the fast lane's counters at :data:`LANE_FIELDS`, then one metadata block per half
-    at 128 (a more-flag and per-peer byte counts), then the fast lane's two payloads (:func:`lane_payload_offset`).
+    at 128 (a more-flag and per-peer byte counts), then the fast lane's two payloads (:func:`lane_payload_offset`) and
+    the round board (:func:`round_board_offset`).
     """
     meta = _round_up(8 * (size + 2), LINE_BYTES)
-    data_off = _round_up(lane_payload_offset(size) + 2 * LANE_PAYLOAD_BYTES, _PAGE)
+    data_off = _round_up(round_board_offset(size) + ROUND_BOARD_BYTES, _PAGE)
     # at least one cache line per peer in the per-destination subslots of alltoallv / reducescatter
     half = max(_round_up(size * LINE_BYTES, _PAGE), segment_bytes // 2 // _PAGE * _PAGE)
     return meta, data_off, half, data_off + 2 * half

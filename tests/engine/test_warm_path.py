@@ -1,0 +1,298 @@
+"""The warm path (horovod/engine/rounds.py): repeated collectives agreed by one AND of cache-hit bits per round.
+
+The bookkeeping is checked directly (two ranks' states against each other); everything else on real processes over
+the shm transport, comparing every result with numpy and reading how many tensors each rank ran warm, so that a
+warm path that silently never engages (or disagrees between ranks) fails. Mismatches after a tensor went warm must
+still reach every rank with the coordinator's message. Also issue 28's hangs: a named collective against a barrier,
+and a process-set mismatch on the fast lane.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine_helpers import assert_no_failures, run, transport_skip_reason
+
+from horovod.engine import ops
+from horovod.engine.messages import ControlMessage, Request, Response
+from horovod.engine.rounds import DEMOTE_AFTER_S, RoundState, SlotTable
+
+
+def _shm_or_skip():
+    reason = transport_skip_reason("shm")
+    if reason:
+        pytest.skip(reason)
+
+
+# ------------------------------------------------------------------------------------------- the bookkeeping
+def _req(rank, name, shape=(4,)):
+    return Request(rank=rank, name=name, kind=ops.ALLREDUCE, dtype="float32", shape=shape)
+
+
+def _cold_message(table, names, shape=(4,)):
+    responses = [Response(ops.ALLREDUCE, [n], 0, shapes=[shape], slots=[table.assign((0, n))]) for n in names]
+    return ControlMessage(responses=responses)
+
+
+def _and(*vectors):
+    out = vectors[0].copy()
+    for v in vectors[1:]:
+        np.bitwise_and(out, v, out=out)
+    return out
+
+
+def test_tensors_every_rank_hit_run_in_slot_order_and_the_rest_wait():
+    table = SlotTable(8)
+    names = [f"t{i}" for i in range(5)]
+    states = [RoundState(8), RoundState(8)]
+    msg = _cold_message(table, names)
+    for rank, state in enumerate(states):
+        state.apply(msg.invalidate, msg.responses, {n: _req(rank, n) for n in names})
+    # rank 0 issued all five (in reverse), rank 1 only t3 and t1
+    for n in reversed(names):
+        assert states[0].take(_req(0, n), 0.0)
+    for n in ("t3", "t1"):
+        assert states[1].take(_req(1, n), 0.0)
+    anded = _and(*(s.vector().copy() for s in states))
+    runs = [[r.names[0] for r in s.finish(anded)] for s in states]
+    assert runs == [["t1", "t3"], ["t1", "t3"]]
+    assert sorted(states[0].hits) == [0, 2, 4] and not states[1].hits
+    # a changed signature misses the cache: it goes to the coordinator
+    assert not states[1].take(_req(1, "t0", shape=(5,)), 0.0)
+
+
+def test_a_round_posted_with_different_cache_versions_runs_nothing():
+    table = SlotTable(8)
+    states = [RoundState(8), RoundState(8)]
+    msg = _cold_message(table, ["a"])
+    for rank, state in enumerate(states):
+        state.apply([], msg.responses, {"a": _req(rank, "a")})
+    for rank, state in enumerate(states):
+        assert state.take(_req(rank, "a"), 0.0)
+    v0 = states[0].vector().copy()
+    # rank 1 applies a later message (slot 0 reassigned) before it posts: bit 0 means another tensor there
+    later = _cold_message(table, ["b", "c", "d", "e", "f", "g", "h", "i"])
+    states[1].apply([], later.responses, {})
+    assert states[1].stale(0.0) == [_req(1, "a")]
+    v1 = states[1].vector().copy()
+    anded = _and(v0, v1)
+    assert states[0].finish(anded) == [] and states[1].finish(anded) == []
+    assert states[0].void == states[1].void == 1
+
+
+def test_a_hit_that_waits_too_long_or_whose_slot_is_dropped_goes_to_the_coordinator():
+    table = SlotTable(4)
+    state = RoundState(4)
+    msg = _cold_message(table, ["a", "b"])
+    state.apply([], msg.responses, {"a": _req(0, "a"), "b": _req(0, "b")})
+    assert state.take(_req(0, "a"), 10.0) and state.take(_req(0, "b"), 10.0)
+    assert state.stale(10.0 + DEMOTE_AFTER_S / 2) == []
+    state.apply([table.invalidate((0, "b"))], [], {})
+    assert state.stale(10.0 + DEMOTE_AFTER_S / 2) == [_req(0, "b")]
+    assert state.stale(10.0 + DEMOTE_AFTER_S) == [_req(0, "a")]
+    assert not state.hits
+
+
+def test_slots_are_reused_least_recently_assigned_first():
+    table = SlotTable(2)
+    a, b = table.assign((0, "a")), table.assign((0, "b"))
+    assert {a, b} == {0, 1} and table.assign((0, "a")) == a
+    assert table.assign((0, "c")) == b   # b was assigned longest ago
+    assert table.invalidate((0, "b")) is None and table.invalidate((0, "c")) == b
+    assert table.assign((0, "d")) == b
+
+
+# ------------------------------------------------------------------------------------------- real processes
+def warm_worker(scenario: str, steps: int) -> dict:
+    import os
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from checks import Checks
+    from horovod.common import basics
+    from horovod.engine.rounds import DEMOTE_AFTER_S
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    checks = Checks(rank, rtol=1e-5)
+    rng = np.random.default_rng(100 + rank)   # every rank issues the tensors in its own order
+    dtypes = ("float32", "float64", "int32", "float16", "int64")
+    sizes = (1, 3, 200, 5000, 70000, 16, 1024, 7)
+    others = hvd.add_process_set([0, 1]) if scenario == "process_sets" else None
+    errors = []
+
+    def value(i, r, step, dtype, n):
+        return ((np.arange(n) + r * 3 + i + step) % 7).astype(dtype)
+
+    for step in range(steps):
+        if scenario == "join" and rank == size - 1 and step == 3:
+            break
+        if scenario == "late" and rank == 1 and step == 4:
+            time.sleep(DEMOTE_AFTER_S + 0.5)   # the others' hits wait, then go to the coordinator
+        members = list(range(size)) if scenario != "join" or step < 3 else list(range(size - 1))
+        handles = {}
+        for i in rng.permutation(len(sizes) * 2):
+            dtype, n = dtypes[i % len(dtypes)], sizes[i % len(sizes)]
+            x = value(i, rank, step, dtype, n)
+            op = hvd.Sum if dtype.startswith("int") else hvd.Average
+            handles[i] = (hvd.allreduce_async(x, name=f"g{i}", op=op), dtype, n, op)
+        if scenario == "process_sets" and rank in (0, 1):
+            got = hvd.allreduce(np.full(3, float(rank + step)), name="pair", op=hvd.Sum, process_set=others)
+            checks.close(got, np.full(3, float(1 + 2 * step)), f"step {step} pair set")
+        if scenario == "join":   # allgather and broadcast refuse joined ranks
+            pass
+        else:
+            gathered = hvd.allgather(np.full((2, 3), rank + step, np.int32), name="gather")
+            checks.equal(gathered, np.repeat(np.arange(size) + step, 2)[:, None].repeat(3, 1).astype(np.int32),
+                         f"step {step} allgather")
+            bcast = hvd.broadcast(np.full(5, float(rank * 10 + step)), root_rank=size - 1, name="bcast")
+            checks.close(bcast, np.full(5, float((size - 1) * 10 + step)), f"step {step} broadcast")
+        for i, (handle, dtype, n, op) in handles.items():
+            got = hvd.synchronize(handle)
+            total = sum(value(i, r, step, "float64", n) for r in members)
+            want = (total if op == hvd.Sum else total / size).astype(dtype)
+            checks.close(got, want, f"step {step} g{i} {dtype}[{n}]")
+        if scenario == "mismatch" and step == steps // 2:
+            try:
+                # g1 is float64[3] with Average: a hit everywhere but on the last rank, whose shape changed
+                hvd.allreduce(value(1, rank, step, "float64", 4 if rank == size - 1 else 3), name="g1",
+                              op=hvd.Average)
+                errors.append("no error")
+            except hvd.HorovodInternalError as exc:
+                errors.append(str(exc))
+    if scenario == "join":
+        hvd.join()
+    after = hvd.allreduce(np.ones(2), name="after", op=hvd.Sum)
+    checks.close(after, np.full(2, float(size)), "after")
+    warm = basics.runtime()._warm
+    stats = None if warm is None else (warm.state.rounds, warm.state.warm, warm.state.void)
+    hvd.shutdown()
+    return {"checks": checks.report(), "stats": stats, "errors": errors,
+            "capacity": os.environ.get("HOROVOD_CACHE_CAPACITY")}
+
+
+
+def _run_warm(scenario, np_, steps=12, env=None, timeout=240):
+    _shm_or_skip()
+    results = run(warm_worker, np_, "shm", args=(scenario, steps), timeout=timeout,
+                  env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1", **(env or {})})
+    assert_no_failures([r["checks"] for r in results])
+    return results
+
+
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_repeated_collectives_in_any_order_run_warm_and_stay_right(np_):
+    results = _run_warm("train", np_)
+    stats = [r["stats"] for r in results]
+    # every rank finished the same rounds and ran the same tensors warm
+    assert all(s == stats[0] for s in stats), stats
+    rounds, warm, void = stats[0]
+    # 16 gradients + allgather + broadcast per step; the first step is cold
+    assert warm >= 0.9 * 18 * 11, f"only {warm} tensors of {18 * 11} repeated ones ran warm ({rounds} rounds)"
+
+
+def test_a_mismatch_after_a_tensor_went_warm_reaches_every_rank():
+    results = _run_warm("mismatch", 3)
+    for rank, r in enumerate(results):
+        assert len(r["errors"]) == 1 and "Mismatched ALLREDUCE tensor shapes" in r["errors"][0], (rank, r["errors"])
+        assert "rank" in r["errors"][0]
+
+
+def test_join_while_the_others_repeat_warm_tensors():
+    results = _run_warm("join", 3, steps=8)
+    assert results[0]["stats"][1] > 0
+
+
+def test_process_sets_between_warm_rounds():
+    _run_warm("process_sets", 3)
+
+
+def test_a_late_rank_sends_the_waiting_hits_to_the_coordinator_and_results_stay_right():
+    results = _run_warm("late", 2, steps=7)
+    assert results[0]["stats"][1] > 0
+
+
+def test_a_small_cache_evicts_and_stays_right():
+    results = _run_warm("train", 3, steps=8, env={"HOROVOD_CACHE_CAPACITY": "5"})
+    assert all(r["stats"] is not None for r in results)
+
+
+def test_cache_capacity_zero_turns_the_warm_path_off():
+    results = _run_warm("train", 2, steps=4, env={"HOROVOD_CACHE_CAPACITY": "0"})
+    assert all(r["stats"] is None for r in results)
+
+
+def test_sixteen_ranks_on_this_machine():
+    results = _run_warm("train", 16, steps=6, timeout=600)
+    stats = [r["stats"] for r in results]
+    assert all(s == stats[0] for s in stats), stats
+    assert stats[0][1] >= 0.9 * 18 * 5
+
+
+# ------------------------------------------------------------------------------------------- issue 28, 1 and 2
+def barrier_worker(warm_first: bool) -> dict:
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    out = {}
+    if warm_first:
+        for _ in range(3):
+            hvd.allreduce(np.ones(4, np.float32), name="x")
+    try:
+        if rank == 0:
+            hvd.allreduce(np.ones(4, np.float32), name="x")
+        else:
+            hvd.barrier()
+        out["error"] = None
+    except hvd.HorovodInternalError as exc:
+        out["error"] = str(exc)
+    out["after"] = hvd.allreduce(np.ones(2), name="after", op=hvd.Sum).tolist()
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("warm_first", [False, True])
+def test_a_named_collective_against_a_barrier_fails_every_rank(transport, np_, warm_first):
+    if transport_skip_reason(transport):
+        pytest.skip(transport_skip_reason(transport))
+    results = run(barrier_worker, np_, transport, args=(warm_first,), timeout=60)
+    for rank, r in enumerate(results):
+        error = r["error"] or ""
+        assert "barrier" in error and "allreduce.x" in error and "rank 0 called allreduce" in error, (rank, error)
+        assert r["after"] == [float(np_)] * 2
+
+
+def lane_set_worker(elements: int) -> dict:
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
+    rank = hvd.rank()
+    out = {}
+    try:
+        hvd.allreduce(np.ones(elements, np.float32), name="tiny", op=hvd.Sum,
+                      process_set=pair if rank == 0 else hvd.global_process_set)
+        out["error"] = None
+    except hvd.HorovodInternalError as exc:
+        out["error"] = str(exc)
+    out["after"] = hvd.allreduce(np.ones(2, np.float32), name="after", op=hvd.Sum).tolist()
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("elements", [4, 256, 1024])
+def test_a_process_set_mismatch_on_a_tiny_allreduce_fails_every_rank(elements):
+    _shm_or_skip()
+    results = run(lane_set_worker, 2, "shm", args=(elements,), timeout=60)
+    for rank, r in enumerate(results):
+        assert r["error"] and "Mismatched process sets" in r["error"], (rank, r["error"])
+        assert r["after"] == [2.0, 2.0]
