@@ -88,7 +88,8 @@ def split_response(resp: Response) -> List[Tuple[int, Response]]:
         out.append((slot, Response(resp.kind, [resp.names[i]], resp.process_set, resp.dtype, resp.op, resp.root,
                                    resp.prescale, resp.postscale, [resp.shapes[i]],
                                    [resp.first_dims[i]] if resp.first_dims else [],
-                                   [resp.splits[i]] if resp.splits else [], None, (), -1, None, resp.group)))
+                                   [resp.splits[i]] if resp.splits else [], None, (), -1, None, resp.group,
+                                   device=resp.device)))
     return out
 
 

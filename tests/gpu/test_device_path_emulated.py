@@ -35,9 +35,16 @@ def _staged_job():
     emulated_device.install(hvd)
     hvd.init()
     out = hvd.allreduce(np.arange(6, dtype=np.float32) + hvd.rank(), op=hvd.Sum, name="x")
+    # Read now: once another rank shuts down, this engine is torn down too and forgets its device plane.
+    mode = state.runtime().executor.devices.mode(0)
     fused = [hvd.synchronize(h) for h in [hvd.allreduce_async(np.full(3, i, np.int64), op=hvd.Sum, name=f"f{i}")
                                           for i in range(3)]]
-    mode = state.runtime().executor.devices.mode(0)
+    for step in range(6):   # the same names step after step: repeated collectives (the response cache, warm path)
+        again = hvd.allreduce(np.arange(6, dtype=np.float32) + hvd.rank(), op=hvd.Sum, name="x")
+        assert again.tolist() == out.tolist(), (step, again, out)
+        assert [hvd.synchronize(h).tolist() for h in [hvd.allreduce_async(np.full(3, i, np.int64), op=hvd.Sum,
+                                                                          name=f"f{i}") for i in range(3)]] == \
+            [f.tolist() for f in fused], step
     hvd.shutdown()
     return out.tolist(), [f.tolist() for f in fused], mode, notices
 
