@@ -19,10 +19,11 @@ class _DistributedGradientTapeMixin:
 
     @not_converted
     def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+                 unconnected_gradients=tf.UnconnectedGradients.NONE, use_generic_names=False):
         """Like ``tf.GradientTape.gradient``, then reduce the gradients across the ranks of the process set.
 
-        Every rank must call it for the same sources, in the same order.
+        Every rank must call it for the same sources, in the same order.  ``use_generic_names`` is accepted for
+        compatibility (op names are deterministic here anyway).
         """
         grads = super().gradient(target, sources, output_gradients=output_gradients,
                                  unconnected_gradients=unconnected_gradients)
@@ -41,7 +42,8 @@ class _DistributedGradientTapeMixin:
             others (reduced across the process set).  ``use_generic_names`` is accepted for compatibility.
         """
         flat_sources = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(self.gradient(target, sources, output_gradients=output_gradients))
+        flat_grads = tf.nest.flatten(self.gradient(target, sources, output_gradients=output_gradients,
+                                                   use_generic_names=use_generic_names))
         local, shared = [], []
         for source, grad in zip(flat_sources, flat_grads):
             (local if self._hvd_reducer.is_local(source) else shared).append((source, grad))
