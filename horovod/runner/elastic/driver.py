@@ -184,7 +184,7 @@ class ElasticDriver:
             self._events.put(("discovery_error", str(exc)))
             return
         if self._remote is not None:
-            # Here, in the discovery thread: an ssh check may take seconds, the main loop must not wait for it.
+            # Checks run in threads of their own; a host that passes is used from the next discovery on.
             self._remote.check([h.hostname for h in hosts])
         self._events.put(("hosts", hosts))
 
