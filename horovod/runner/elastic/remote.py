@@ -8,9 +8,10 @@ An elastic job learns of hosts while it runs, so:
   ``--network-interfaces``, else, when discovery may add hosts later, this machine's primary non-loopback
   address.  Only a fixed list of this machine's names keeps it on loopback;
 * every remote host is checked over ssh once when first discovered, and it must connect to the store's own
-  ``address:port`` from there (:class:`RemoteHosts`, in a thread per host: discovery never waits on ssh).  A host that fails is left out with one warning and checked
-  again after :data:`RECHECK_S` seconds (a spot instance may still be booting); one that passes is started over
-  ssh like a static job's workers (the secret on ssh's standard input, never on a command line).
+  ``address:port`` from there (:class:`RemoteHosts`, in a thread per host: discovery never waits on ssh).  A host
+  that fails is left out with one warning and checked again after :data:`RECHECK_S` seconds (a spot instance may
+  still be booting); one that passes is started over ssh like a static job's workers (the secret on ssh's standard
+  input, never on a command line).
 
 A host lost later (its workers killed, the machine gone: ssh exits 255) is a worker failure like any other: the
 driver blacklists it and the survivors reset from their last commit.
