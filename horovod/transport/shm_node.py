@@ -345,7 +345,8 @@ class Node:
                         if sc != scope or not self.rank < q < self.size or q in seg_fds:
                             error = _sk.PeerError(f"unexpected hello {theirs!r}")
                     if error is not None:
-                        logger.debug("shm transport: dropped a connection that failed authentication: %s", error)
+                        logger.log(logging.DEBUG if isinstance(error, _sk.PushedOut) else logging.WARNING,
+                                   "shm transport: dropped a connection that failed authentication: %s", error)
                         sock.close()
                         continue
                     try:

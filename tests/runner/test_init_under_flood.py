@@ -146,3 +146,39 @@ def test_silent_local_connections_to_the_shm_listener_do_not_hold_up_its_peers()
     for rank, (values, took) in enumerate(out):
         assert values == [3.0] * 4, f"rank {rank}: {values}"
         assert took < 20, f"rank {rank}: the shm transport took {took:.1f} s to connect beside 40 silent connections"
+
+
+def test_a_pushed_out_handshake_is_reported_as_such_and_a_real_dialer_gets_in():
+    import threading
+
+    pending = sockets.PendingHandshakes(limit=1)
+    stranger, stranger_peer = socket.socketpair()
+    newcomer, newcomer_peer = socket.socketpair()
+    outcome = {}
+
+    def listen_side():
+        try:
+            sockets.authenticate_pending(stranger, pending, b"secret", b"me", timeout=10.0, peer="stranger")
+        except sockets.PeerError as exc:
+            outcome["error"] = exc
+
+    try:
+        pending.add(stranger)
+        thread = threading.Thread(target=listen_side)
+        thread.start()
+        time.sleep(0.2)                 # the stranger's handshake is waiting for it to speak
+        pending.add(newcomer)           # ...and is pushed out by the next connection
+        thread.join(5)
+        assert not thread.is_alive(), "the pushed-out handshake kept waiting"
+        assert isinstance(outcome.get("error"), sockets.PushedOut), outcome
+        # The newcomer, a real peer, completes the handshake and is admitted.
+        got = {}
+        accept = threading.Thread(target=lambda: got.setdefault(
+            "hello", sockets.authenticate_pending(newcomer, pending, b"secret", b"me", 10.0, "peer")))
+        accept.start()
+        sockets.authenticate(newcomer_peer, b"secret", initiator=True, hello=b"you", timeout=10.0, peer="listener")
+        accept.join(5)
+        assert got.get("hello") == b"you" and len(pending) == 0
+    finally:
+        for s in (stranger, stranger_peer, newcomer, newcomer_peer):
+            s.close()
