@@ -140,13 +140,12 @@ class ElasticDriver:
         """
         s = self.settings
         secret = secrets.token_bytes(32)   # per job; reaches the workers only through their environment
-        try:
-            first = s.discovery.find()
-        except DiscoveryError as exc:
-            # Usually a wrong path or a broken script: say so now rather than after the elastic timeout.
-            raise ValueError(f"{exc} (the first host discovery must succeed)") from None
+        first: Optional[List[HostInfo]] = None
         host = s.rendezvous_host
         if s.accepts_host is None:
+            # Where the store listens depends on the hosts: discover them first.  (A launcher with its own
+            # starter, Spark or Ray, may discover through the store: it discovers once the store runs.)
+            first = self._first_discovery()
             timeout = float(max(1, s.start_timeout))
             ssh_settings = ssh.SshSettings.create(s.ssh_port, s.ssh_identity_file)
             host, passed = rendezvous_address(first, s.discovery, ssh_settings, timeout, s.nics, s.rendezvous_host)
@@ -168,7 +167,7 @@ class ElasticDriver:
                                     output_dir=s.output_dir, stdout=s.stdout, stderr=s.stderr)
             logger.info("elastic job: rendezvous store at %s:%s; -np %d, --min-np %d, --max-np %s",
                         server.host, server.port, s.num_proc, s.min_np, s.max_np)
-            self._on_hosts(first)
+            self._on_hosts(first if first is not None else self._first_discovery())
             discovery = threading.Thread(target=self._discovery_loop, name="hvd-elastic-discovery", daemon=True)
             discovery.start()
             try:
@@ -179,6 +178,13 @@ class ElasticDriver:
                 self._sink.finish()
 
     # -- discovery ------------------------------------------------------------------------------------
+    def _first_discovery(self) -> List[HostInfo]:
+        try:
+            return self.settings.discovery.find()
+        except DiscoveryError as exc:
+            # Usually a wrong path or a broken script: say so now rather than after the elastic timeout.
+            raise ValueError(f"{exc} (the first host discovery must succeed)") from None
+
     def _discover_now(self) -> None:
         try:
             hosts = self.settings.discovery.find()
