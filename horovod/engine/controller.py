@@ -146,7 +146,9 @@ class ControlPlane:
                     if error is None and not (0 < peer_rank < size and peer_rank not in peers):
                         error = PeerError(f"unexpected rank {peer_rank} from {who}")
                     if error is not None:
-                        logger.warning("control plane: dropped connection from %s: %s", who, error)
+                        # A flood pushes out hundreds of strangers: a line each only when debugging.
+                        level = logging.DEBUG if isinstance(error, sockets.PushedOut) else logging.WARNING
+                        logger.log(level, "control plane: dropped connection from %s: %s", who, error)
                         conn.close()
                         continue
                     try:

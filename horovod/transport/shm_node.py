@@ -12,12 +12,14 @@ import hmac
 import logging
 import mmap
 import os
+import queue
 import secrets
 import select
 import socket
 import struct
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -105,6 +107,18 @@ def new_segment_fd(name: str, nbytes: int, backing: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _dial_unix(addr: str, seconds: float) -> socket.socket:
+    """A blocking connection to a peer's listening Unix socket (``addr``: a path, or ``\\0``-prefixed name)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(max(0.1, seconds))
+        sock.connect(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def map_segment(fd: int, nbytes: int, writable: bool) -> mmap.mmap:
@@ -247,56 +261,29 @@ class Node:
             else:
                 path = addr = os.path.join(tempfile.gettempdir(), f"hvd-shm-{self.token}-{secrets.token_hex(6)}")
             listener.bind(addr)
-            listener.listen(max(self.size, 16))
+            listener.listen(_sk.LISTEN_BACKLOG)   # the name is listed in /proc/net/unix: strangers may connect
             self._store(boot.store.put, scope, f"addr.{self.rank}", addr.encode())
             for q in range(self.rank):  # connect to lower ranks, accept higher ones: no cycle, no deadlock
                 what = f"local rank {q}"
                 peer_addr = self._store(boot.store.get, scope, f"addr.{q}",
                                         timeout=max(0.1, deadline - time.monotonic()))
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock = None
                 try:
-                    sock.settimeout(max(0.1, deadline - time.monotonic()))
-                    sock.connect(peer_addr.decode())
-                    theirs = _sk.authenticate(sock, boot.secret, True, hello, max(0.1, deadline - time.monotonic()),
-                                              what)
+                    # Dials again if the peer's listener pushed us out under a flood of strangers (see accept).
+                    sock, theirs = _sk.dial_authenticated(lambda seconds: _dial_unix(peer_addr.decode(), seconds),
+                                                          boot.secret, hello, max(0.1, deadline - time.monotonic()),
+                                                          what)
                     if theirs != f"{scope}|{q}".encode():
                         raise TransportError(f"shm transport: {what} answered as {theirs!r}; expected "
                                              f"{scope}|{q} (a stale job?)", peer=q)
                     seg_fds[q] = self._exchange(sock, q, seg_fd, seg_bytes, digest, deadline)
                 except (OSError, _sk.PeerError) as exc:
-                    sock.close()
+                    _sk.maybe_close(sock)
                     raise TransportError(f"shm transport: could not connect to {what}: {exc}", peer=q) from exc
                 except BaseException:
-                    sock.close()
+                    _sk.maybe_close(sock)
                     raise
-            while len(seg_fds) < self.size - 1:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    missing = sorted(set(range(self.rank + 1, self.size)) - set(seg_fds))
-                    raise TransportError(f"shm transport: local ranks {missing} did not connect within "
-                                         f"{self.timeout:.0f} s; did they start and call init()?", peer=missing[0])
-                listener.settimeout(remaining)
-                try:
-                    sock, _ = listener.accept()
-                except socket.timeout:
-                    continue
-                try:
-                    # a genuine peer answers at once; a silent stranger must not eat the whole deadline
-                    theirs = _sk.authenticate(sock, boot.secret, False, hello, max(0.1, min(remaining, 10.0)),
-                                              "a local peer")
-                    sc, _, qs = theirs.decode(errors="replace").rpartition("|")
-                    q = int(qs) if qs.isdigit() else -1
-                    if sc != scope or not self.rank < q < self.size or q in seg_fds:
-                        raise _sk.PeerError(f"unexpected hello {theirs!r}")
-                except (_sk.PeerError, OSError, ValueError) as exc:
-                    logger.warning("shm transport: dropped a connection that failed authentication: %s", exc)
-                    sock.close()
-                    continue
-                try:
-                    seg_fds[q] = self._exchange(sock, q, seg_fd, seg_bytes, digest, deadline)
-                except BaseException:
-                    sock.close()
-                    raise
+            self._accept_higher(listener, boot, scope, hello, seg_fds, seg_fd, seg_bytes, digest, deadline)
         except BaseException:
             for fd in seg_fds.values():
                 os.close(fd)
@@ -309,6 +296,78 @@ class Node:
                 except OSError:
                     pass
         return seg_fds
+
+    def _accept_higher(self, listener: socket.socket, boot: Bootstrap, scope: str, hello: bytes,
+                       seg_fds: Dict[int, int], seg_fd: int, seg_bytes: int, digest: bytes, deadline: float) -> None:
+        """Accept the higher ranks: each connection authenticated in a thread of its own, at most
+        :data:`~horovod.transport.sockets.MAX_PENDING_HANDSHAKES` pending with the oldest pushed out, so silent
+        local strangers can neither hold up a real peer nor lock it out; descriptors are exchanged here, in order."""
+        pending = _sk.PendingHandshakes()
+        done: "queue.Queue[Tuple[socket.socket, Optional[bytes], Optional[BaseException]]]" = queue.Queue()
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        listener.setblocking(False)
+
+        def handshake(sock: socket.socket, limit: float) -> None:
+            try:
+                done.put((sock, _sk.authenticate_pending(sock, pending, boot.secret, hello, limit, "a local peer"),
+                          None))
+            except (_sk.PeerError, OSError) as exc:
+                done.put((sock, None, exc))
+            try:
+                wake_w.send(b"\0")
+            except OSError:
+                pass   # the setup finished (or failed) meanwhile
+
+        try:
+            while len(seg_fds) < self.size - 1:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(set(range(self.rank + 1, self.size)) - set(seg_fds))
+                    raise TransportError(f"shm transport: local ranks {missing} did not connect within "
+                                         f"{self.timeout:.0f} s; did they start and call init()?", peer=missing[0])
+                readable, _, _ = select.select([listener, wake_r], [], [], remaining)
+                if listener in readable:
+                    try:
+                        sock, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        sock = None
+                    if sock is not None:
+                        sock.setblocking(True)
+                        pending.add(sock)
+                        # a genuine peer answers at once; a silent stranger holds only its own thread
+                        threading.Thread(target=handshake, args=(sock, max(0.1, min(remaining, 10.0))),
+                                         name="hvd-shm-handshake", daemon=True).start()
+                if wake_r in readable:
+                    try:
+                        wake_r.recv(4096)
+                    except BlockingIOError:
+                        pass
+                while True:
+                    try:
+                        sock, theirs, error = done.get_nowait()
+                    except queue.Empty:
+                        break
+                    q = -1
+                    if error is None:
+                        sc, _, qs = theirs.decode(errors="replace").rpartition("|")
+                        q = int(qs) if qs.isdigit() else -1
+                        if sc != scope or not self.rank < q < self.size or q in seg_fds:
+                            error = _sk.PeerError(f"unexpected hello {theirs!r}")
+                    if error is not None:
+                        logger.log(logging.DEBUG if isinstance(error, _sk.PushedOut) else logging.WARNING,
+                                   "shm transport: dropped a connection that failed authentication: %s", error)
+                        sock.close()
+                        continue
+                    try:
+                        _sk.admit(sock)
+                        seg_fds[q] = self._exchange(sock, q, seg_fd, seg_bytes, digest, deadline)
+                    except BaseException:
+                        sock.close()
+                        raise
+        finally:
+            wake_r.close()
+            wake_w.close()
 
     @staticmethod
     def _store(call, *args, **kwargs):

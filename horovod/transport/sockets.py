@@ -37,6 +37,10 @@ class AuthenticationError(PeerError):
     """The peer did not prove it knows the job secret."""
 
 
+class PushedOut(PeerError):
+    """A connection was still authenticating when newer ones pushed it out (see :class:`PendingHandshakes`)."""
+
+
 def configure(sock: socket.socket) -> socket.socket:
     """Low latency and large buffers for a connected TCP socket."""
     if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -220,15 +224,21 @@ def authenticate_pending(conn: socket.socket, pending: PendingHandshakes, secret
 
     Raises:
         AuthenticationError: the peer does not hold the secret.
-        PeerError: it closed, timed out, or was pushed out by newer connections meanwhile.
+        PushedOut: newer connections pushed it out meanwhile (its reads failed, or it finished too late).
+        PeerError: it closed or timed out.
     """
     try:
         theirs = authenticate(conn, secret, initiator=False, hello=hello, timeout=timeout, peer=peer)
+    except (PeerError, OSError) as exc:
+        if not pending.settle(conn):   # its reads failed because it was shut down to make room
+            raise PushedOut(f"{peer} was pushed out by newer unauthenticated connections before it "
+                            f"authenticated", peer=peer) from exc
+        raise
     except BaseException:
         pending.settle(conn)
         raise
     if not pending.settle(conn):
-        raise PeerError(f"{peer} was pushed out by newer unauthenticated connections before it finished the "
+        raise PushedOut(f"{peer} was pushed out by newer unauthenticated connections before it finished the "
                         f"handshake (it dials again)", peer=peer)
     return theirs
 

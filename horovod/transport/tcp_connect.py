@@ -82,7 +82,9 @@ class _Acceptor:
             if tag != _HELLO or scope != boot.scope:
                 raise sockets.PeerError(f"{who} belongs to another job or initialisation ({hello!r})")
         except (sockets.PeerError, OSError, ValueError) as exc:
-            logger.warning("tcp bootstrap (rank %d): dropped %s: %s", boot.rank, who, exc)
+            # A flood pushes out hundreds of strangers: a line each only when debugging.
+            logger.log(logging.DEBUG if isinstance(exc, sockets.PushedOut) else logging.WARNING,
+                       "tcp bootstrap (rank %d): dropped %s: %s", boot.rank, who, exc)
             sockets.maybe_close(conn)
             return
         with self._lock:

@@ -47,6 +47,10 @@ _ABORT_LOOKUP_S = 0.5
 _CHAIN_LOOKUP_S = 2.0
 
 
+#: Largest scratch buffer a mesh keeps between collectives (per slot).
+SCRATCH_KEEP_BYTES = 64 << 20
+
+
 def as_bytes(arr: np.ndarray) -> memoryview:
     """A flat byte view of a 1-D contiguous array (no copy)."""
     return memoryview(arr.view(np.uint8))
@@ -139,10 +143,15 @@ class Mesh:
         return s
 
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
-        """A reusable byte buffer of at least ``nbytes`` (grown geometrically, kept between calls)."""
+        """A byte buffer of at least ``nbytes``: reused between calls (grown geometrically) up to
+        :data:`SCRATCH_KEEP_BYTES`; a larger one is the caller's alone and freed with it, so one huge collective
+        (a reducescatter's work buffer is the whole tensor) does not hold its size for the rest of the job."""
+        if nbytes > SCRATCH_KEEP_BYTES:
+            return np.empty(nbytes, dtype=np.uint8)
         buf = self._scratch.get(slot)
         if buf is None or buf.size < nbytes:
-            buf = np.empty(max(nbytes, 2 * (0 if buf is None else buf.size), 4096), dtype=np.uint8)
+            grown = min(max(nbytes, 2 * (0 if buf is None else buf.size), 4096), SCRATCH_KEEP_BYTES)
+            buf = np.empty(grown, dtype=np.uint8)
             self._scratch[slot] = buf
         return buf
 

@@ -77,8 +77,8 @@ class ElasticJob:
                                  ELASTIC_TEST_FAULTS=json.dumps(list(faults)))
         launcher_env.update(env or {})
         env = launcher_env
-        command = [*wrap, sys.executable, "-m", "horovod.runner", "--verbose", *args, "--host-discovery-script", str(script),
-                   sys.executable, str(worker)]
+        command = [*wrap, sys.executable, "-m", "horovod.runner", "--verbose", *args, "--host-discovery-script",
+                   str(script), sys.executable, str(worker)]
         self.deadline = time.monotonic() + JOB_BUDGET_S
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,

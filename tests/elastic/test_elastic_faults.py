@@ -189,3 +189,25 @@ def test_every_worker_failing_fails_the_job_at_once(elastic_job, tmp_path, hosts
     assert "Horovod detected that one or more processes exited with non-zero status" in err, err[-3000:]
     assert "Exit code: 3" in err and "Every worker of the elastic job failed" in err, err[-3000:]
     assert took < 60, f"the launcher took {took:.0f} s to give up"
+
+
+def test_a_frozen_worker_is_stopped_and_replaced_instead_of_holding_up_the_reset(elastic_job):
+    """kill -STOP of one worker: the others notice (liveness), report it and reset; it never rejoins, so the
+    driver stops it after the grace, and a fresh process takes its slot."""
+    import signal
+
+    from horovod.runner.exec import BLAMED_RANK_GRACE_SECONDS
+
+    job = elastic_job([f"{H1}:3"], ["-np", "3", "--min-np", "2"], env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "3"})
+    job.wait_for_commits(3, size=3)
+    job.kill(f"{H1}:2", sig=signal.SIGSTOP)
+    start = time.monotonic()
+    job.wait_for("a fresh worker in the frozen one's slot", joined(3, epoch_at_least=1),
+                 timeout=3 + BLAMED_RANK_GRACE_SECONDS + 40)
+    took = time.monotonic() - start
+    job.wait_for_commits(3, size=3, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    check_training(job.events(), sizes=[3, 3], resets=1)
+    assert "was reported as failed by the others and has not rejoined" in job.stderr(), job.diagnose()
+    assert len([e for e in job.events("start") if e["id"] == f"{H1}:2"]) == 2
+    assert took < 3 + BLAMED_RANK_GRACE_SECONDS + 40

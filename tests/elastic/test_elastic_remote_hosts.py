@@ -87,6 +87,21 @@ def test_grow_lose_and_shrink_across_hosts_over_ssh(remote_job, cluster):
     assert not leftovers, f"workers left running on hostB: {leftovers}"
 
 
+def test_a_machine_that_dies_is_blacklisted_and_the_others_continue(remote_job, cluster):
+    job = remote_job(["hostA:1", "hostB:1", "hostC:1"], ["-np", "3", "--min-np", "1", "--start-timeout", "20"])
+    job.wait_for_commits(3, size=3)
+    try:
+        cluster.kill_host("hostB")                            # sshd, the ssh session and the worker, at once
+        job.wait_for("the job continues on hostA and hostC", joined(2, epoch_at_least=1))
+        job.wait_for_commits(3, size=2, min_epoch=1)
+        assert job.finish() == 0, job.diagnose()
+    finally:
+        cluster.start_sshd("hostB")                           # for the tests after this one
+    eps = check_training(job.events(), sizes=[3, 2], resets=1)
+    assert set(eps[1].ranks) == {"hostA:0", "hostC:0"}
+    assert "blacklisting host hostB" in job.stderr(), job.diagnose()
+
+
 def test_a_host_that_cannot_be_reached_is_left_out_and_the_job_runs_on(remote_job):
     # hostZ answers nothing; the job starts on hostA alone and says why hostZ is not used.
     job = remote_job(["hostA:1", "hostZ:1"], ["-np", "1", "--min-np", "1", "--start-timeout", "3"])

@@ -104,3 +104,81 @@ def test_pending_handshakes_push_out_the_oldest_and_keep_the_bound():
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def _shm_transport_allreduce():
+    import numpy as np
+
+    from multiproc import open_transport
+
+    start = time.monotonic()
+    t = open_transport("shm", scope="flood", timeout=30.0)
+    try:
+        a = np.full(4, t.rank + 1, np.float32)
+        t.allreduce(a)
+        return [float(v) for v in a], time.monotonic() - start
+    finally:
+        t.close()
+
+
+def test_silent_local_connections_to_the_shm_listener_do_not_hold_up_its_peers():
+    """The shm transport's Unix socket is listed in /proc/net/unix; strangers there must not eat its deadline."""
+    planted = []
+
+    def flood(job):
+        _, value = _wait_for_key(job.server.store, "addr.0", "-shm")
+        for _ in range(40):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            planted.append(s)
+            s.setblocking(False)   # a full accept queue refuses or would block: a stranger just moves on
+            try:
+                s.connect(value.decode())
+            except (BlockingIOError, ConnectionRefusedError):
+                pass
+        time.sleep(0.3)
+        job.release()
+
+    try:
+        out = run_ranks(_shm_transport_allreduce, 2, hold=[1], on_start=flood, timeout=60)
+    finally:
+        for s in planted:
+            s.close()
+    for rank, (values, took) in enumerate(out):
+        assert values == [3.0] * 4, f"rank {rank}: {values}"
+        assert took < 20, f"rank {rank}: the shm transport took {took:.1f} s to connect beside 40 silent connections"
+
+
+def test_a_pushed_out_handshake_is_reported_as_such_and_a_real_dialer_gets_in():
+    import threading
+
+    pending = sockets.PendingHandshakes(limit=1)
+    stranger, stranger_peer = socket.socketpair()
+    newcomer, newcomer_peer = socket.socketpair()
+    outcome = {}
+
+    def listen_side():
+        try:
+            sockets.authenticate_pending(stranger, pending, b"secret", b"me", timeout=10.0, peer="stranger")
+        except sockets.PeerError as exc:
+            outcome["error"] = exc
+
+    try:
+        pending.add(stranger)
+        thread = threading.Thread(target=listen_side)
+        thread.start()
+        time.sleep(0.2)                 # the stranger's handshake is waiting for it to speak
+        pending.add(newcomer)           # ...and is pushed out by the next connection
+        thread.join(5)
+        assert not thread.is_alive(), "the pushed-out handshake kept waiting"
+        assert isinstance(outcome.get("error"), sockets.PushedOut), outcome
+        # The newcomer, a real peer, completes the handshake and is admitted.
+        got = {}
+        accept = threading.Thread(target=lambda: got.setdefault(
+            "hello", sockets.authenticate_pending(newcomer, pending, b"secret", b"me", 10.0, "peer")))
+        accept.start()
+        sockets.authenticate(newcomer_peer, b"secret", initiator=True, hello=b"you", timeout=10.0, peer="listener")
+        accept.join(5)
+        assert got.get("hello") == b"you" and len(pending) == 0
+    finally:
+        for s in (stranger, stranger_peer, newcomer, newcomer_peer):
+            s.close()

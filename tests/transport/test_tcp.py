@@ -548,6 +548,25 @@ def test_a_frozen_rank_is_blamed_not_the_peer_waiting_for_it(size, elements):
         assert o.value["peer"] == frozen, f"rank {o.rank} blamed rank {o.value['peer']}: {o.value['message']}"
 
 
+def huge_reducescatter_then_scratch(t):
+    from horovod.transport.tcp_mesh import SCRATCH_KEEP_BYTES
+
+    n = (SCRATCH_KEEP_BYTES // 4) * 3 // 2 // t.size * t.size   # 1.5x the kept size, in float32
+    send = np.full(n, t.rank + 1, dtype=np.float32)
+    recv = np.empty(n // t.size, dtype=np.float32)
+    t.reducescatter(send, recv, [n // t.size] * t.size, SUM)
+    total = t.size * (t.size + 1) // 2
+    return bool(np.all(recv == total)), max((b.nbytes for b in t._mesh._scratch.values()), default=0)
+
+
+def test_one_huge_collective_leaves_no_scratch_beyond_the_kept_size():
+    from horovod.transport.tcp_mesh import SCRATCH_KEEP_BYTES
+
+    for ok, kept in values(run_world(2, huge_reducescatter_then_scratch, timeout=120)):
+        assert ok
+        assert kept <= SCRATCH_KEEP_BYTES, f"the mesh keeps {kept >> 20} MiB of scratch after the collective"
+
+
 def nothing(t):
     return "connected"
 

@@ -48,7 +48,8 @@ from horovod.runner.elastic.remote import RemoteHosts, rendezvous_address
 from horovod.runner.elastic.settings import ElasticJobError, ElasticResult, ElasticSettings  # noqa: F401
 from horovod.runner.exec import WorkerExit, WorkerSpec
 from horovod.runner.hosts import HostInfo, is_local_host
-from horovod.runner.job import JobSettings, job_env
+from horovod.engine.teardown import CULPRIT_SCOPE
+from horovod.runner.job import JobSettings, first_failures, job_env, reported_culprits
 from horovod.runner.output import OutputSink
 from horovod.transport.rendezvous import MemoryStore, RendezvousServer
 from horovod.runner.threads import set_worker_threads
@@ -115,6 +116,7 @@ class ElasticDriver:
         self._hosts_version = 0
         self._bumped_for: Optional[frozenset] = None
         self._short_since: Optional[float] = None
+        self._blamed_since: Dict[str, float] = {}   # worker id -> when the others were all waiting for it
         self._finishing = False
         self._failures: List[WorkerExit] = []
         self._host_failures: Dict[str, int] = {}   # since the host was last blacklisted
@@ -138,13 +140,12 @@ class ElasticDriver:
         """
         s = self.settings
         secret = secrets.token_bytes(32)   # per job; reaches the workers only through their environment
-        try:
-            first = s.discovery.find()
-        except DiscoveryError as exc:
-            # Usually a wrong path or a broken script: say so now rather than after the elastic timeout.
-            raise ValueError(f"{exc} (the first host discovery must succeed)") from None
+        first: Optional[List[HostInfo]] = None
         host = s.rendezvous_host
         if s.accepts_host is None:
+            # Where the store listens depends on the hosts: discover them first.  (A launcher with its own
+            # starter, Spark or Ray, may discover through the store: it discovers once the store runs.)
+            first = self._first_discovery()
             timeout = float(max(1, s.start_timeout))
             ssh_settings = ssh.SshSettings.create(s.ssh_port, s.ssh_identity_file)
             host, passed = rendezvous_address(first, s.discovery, ssh_settings, timeout, s.nics, s.rendezvous_host)
@@ -166,7 +167,7 @@ class ElasticDriver:
                                     output_dir=s.output_dir, stdout=s.stdout, stderr=s.stderr)
             logger.info("elastic job: rendezvous store at %s:%s; -np %d, --min-np %d, --max-np %s",
                         server.host, server.port, s.num_proc, s.min_np, s.max_np)
-            self._on_hosts(first)
+            self._on_hosts(first if first is not None else self._first_discovery())
             discovery = threading.Thread(target=self._discovery_loop, name="hvd-elastic-discovery", daemon=True)
             discovery.start()
             try:
@@ -177,6 +178,13 @@ class ElasticDriver:
                 self._sink.finish()
 
     # -- discovery ------------------------------------------------------------------------------------
+    def _first_discovery(self) -> List[HostInfo]:
+        try:
+            return self.settings.discovery.find()
+        except DiscoveryError as exc:
+            # Usually a wrong path or a broken script: say so now rather than after the elastic timeout.
+            raise ValueError(f"{exc} (the first host discovery must succeed)") from None
+
     def _discover_now(self) -> None:
         try:
             hosts = self.settings.discovery.find()
@@ -184,7 +192,7 @@ class ElasticDriver:
             self._events.put(("discovery_error", str(exc)))
             return
         if self._remote is not None:
-            # Here, in the discovery thread: an ssh check may take seconds, the main loop must not wait for it.
+            # Checks run in threads of their own; a host that passes is used from the next discovery on.
             self._remote.check([h.hostname for h in hosts])
         self._events.put(("hosts", hosts))
 
@@ -250,6 +258,7 @@ class ElasticDriver:
         if self._finishing:
             return self._finish_if_done()
         self._fail_if_every_worker_failed()
+        self._stop_frozen_members()
         s = self.settings
         alive = {w.wid for w in self._workers.values() if w.running and not w.removed}
         wanted = plan_members(self._members, self._usable_hosts(), alive, s.max_np)
@@ -301,6 +310,39 @@ class ElasticDriver:
             f"{_exec.FAILURE_HEADLINE}\n{first.describe()}\nEvery worker of the elastic job failed "
             f"({len(self._failures)} failure(s)); blacklisted hosts: {black}. Nothing is left to continue from: "
             f"see the workers' output above.", first=first, exits=self._failures)
+
+    def _stop_frozen_members(self) -> None:
+        """Stop a member the others reported as failed once every other member is waiting for the next epoch.
+
+        A frozen worker (``kill -STOP``, a hung driver) never exits and never becomes ready, so the next epoch would
+        wait for it until the workers' own elastic timeout; after :data:`BLAMED_RANK_GRACE_SECONDS` it is stopped,
+        which makes it an ordinary failure (replaced in its slot, or its host blacklisted).
+        """
+        if self._epoch < 0:
+            return
+        now = self._clock()
+        blamed = set()
+        for rank in first_failures(reported_culprits(self._store)):
+            if not 0 <= rank < len(self._members):
+                continue
+            wid = self._members[rank]
+            worker = self._workers.get(wid)
+            if worker is None or not worker.running or worker.removed or self._idle(wid):
+                continue
+            others = [self._workers[m] for m in self._members if m != wid]
+            if not all(self._idle(o.wid) or not o.running for o in others):
+                continue
+            blamed.add(wid)
+            since = self._blamed_since.setdefault(wid, now)
+            if now - since >= _exec.BLAMED_RANK_GRACE_SECONDS:
+                logger.warning("worker %s (rank %d of epoch %d) was reported as failed by the others and has not "
+                               "rejoined %.0f s after they all did (frozen?): stopping it", wid, rank, self._epoch,
+                               _exec.BLAMED_RANK_GRACE_SECONDS)
+                del self._blamed_since[wid]
+                threading.Thread(target=self._stop_workers, args=([worker.proc],), name=f"hvd-elastic-stop-{wid}",
+                                 daemon=True).start()
+        for wid in [w for w in self._blamed_since if w not in blamed]:
+            del self._blamed_since[wid]
 
     # -- workers --------------------------------------------------------------------------------------
     def _ready_epoch(self, wid: str) -> Optional[int]:
@@ -480,6 +522,7 @@ class ElasticDriver:
             if worker.running and worker.wid not in kept:
                 self._remove(worker, f"it is not part of epoch {epoch}")
         self._store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
+        self._store.clear_scope(CULPRIT_SCOPE)   # reports name ranks of the epoch that just ended
         for wid in order:
             self._workers[wid].last_epoch = epoch
         previous = len(self._members)

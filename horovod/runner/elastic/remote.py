@@ -8,9 +8,10 @@ An elastic job learns of hosts while it runs, so:
   ``--network-interfaces``, else, when discovery may add hosts later, this machine's primary non-loopback
   address.  Only a fixed list of this machine's names keeps it on loopback;
 * every remote host is checked over ssh once when first discovered, and it must connect to the store's own
-  ``address:port`` from there (:class:`RemoteHosts`).  A host that fails is left out with one warning and checked
-  again after :data:`RECHECK_S` seconds (a spot instance may still be booting); one that passes is started over
-  ssh like a static job's workers (the secret on ssh's standard input, never on a command line).
+  ``address:port`` from there (:class:`RemoteHosts`, in a thread per host: discovery never waits on ssh).  A host
+  that fails is left out with one warning and checked again after :data:`RECHECK_S` seconds (a spot instance may
+  still be booting); one that passes is started over ssh like a static job's workers (the secret on ssh's standard
+  input, never on a command line).
 
 A host lost later (its workers killed, the machine gone: ssh exits 255) is a worker failure like any other: the
 driver blacklists it and the survivors reset from their last commit.
@@ -104,6 +105,7 @@ class RemoteHosts:
         self._lock = threading.Lock()
         self._ok: Dict[str, bool] = {}
         self._checked_at: Dict[str, float] = {}
+        self._in_flight: set = set()
         for host, ok in (passed or {}).items():
             self._record(host, ok)
 
@@ -113,29 +115,38 @@ class RemoteHosts:
             self._checked_at[host] = self._clock()
 
     def check(self, hosts: Sequence[str]) -> None:
-        """Check the remote hosts among ``hosts`` that were never checked, or failed :data:`RECHECK_S` ago."""
+        """Start checking the remote hosts among ``hosts`` that were never checked, or failed :data:`RECHECK_S`
+        ago; returns at once (each check runs in a thread of its own and may take up to the timeout: an
+        unreachable host must not hold up discovery of the others)."""
         now = self._clock()
         with self._lock:
-            due = [h for h in dict.fromkeys(hosts) if ssh.is_remote(h) and
+            due = [h for h in dict.fromkeys(hosts) if ssh.is_remote(h) and h not in self._in_flight and
                    (h not in self._ok or (not self._ok[h] and now - self._checked_at[h] >= RECHECK_S))]
-        if not due:
-            return
-        targets = [self.store_target] if self.store_target else []
-        results = ssh.check_hosts(due, self.ssh, self.timeout, targets)
-        store_addr = self.store_target.rsplit(":", 1)[0]
+            self._in_flight.update(due)
         for host in due:
-            result = results[host]
-            ok = result.ok and (not targets or store_addr in result.reached)
+            threading.Thread(target=self._check_one, args=(host,), name=f"hvd-elastic-check-{host}",
+                             daemon=True).start()
+
+    def _check_one(self, host: str) -> None:
+        targets = [self.store_target] if self.store_target else []
+        try:
+            result = ssh.check_hosts([host], self.ssh, self.timeout, targets)[host]
+        except Exception as exc:   # a check must never kill the thread silently: the host just stays out
+            result = ssh.HostCheck(host, False, problem=f"the check failed: {exc!r}")
+        store_addr = self.store_target.rsplit(":", 1)[0]
+        ok = result.ok and (not targets or store_addr in result.reached)
+        with self._lock:
             first_time = host not in self._ok
-            self._record(host, ok)
-            if ok:
-                logger.info("elastic: host %s passed the ssh check%s", host,
-                            f" and reaches the store at {self.store_target}" if targets else "")
-            elif first_time:
-                why = result.problem if not result.ok else (
-                    f"it cannot connect to the rendezvous store at {self.store_target} (a firewall, or another "
-                    f"network: choose the interface every host shares with --network-interfaces)")
-                logger.warning("elastic: leaving out host %s (checked again every %.0f s): %s", host, RECHECK_S, why)
+            self._in_flight.discard(host)
+        self._record(host, ok)
+        if ok:
+            logger.info("elastic: host %s passed the ssh check%s", host,
+                        f" and reaches the store at {self.store_target}" if targets else "")
+        elif first_time:
+            why = result.problem if not result.ok else (
+                f"it cannot connect to the rendezvous store at {self.store_target} (a firewall, or another "
+                f"network: choose the interface every host shares with --network-interfaces)")
+            logger.warning("elastic: leaving out host %s (checked again every %.0f s): %s", host, RECHECK_S, why)
 
     def usable(self, host: str) -> bool:
         """Whether workers can be started on ``host`` now."""
