@@ -1,9 +1,9 @@
 """horovod.jax inside jax.jit (ordered host callbacks) on np = 1..4 real ranks, against numpy.
 
 One job per world size traces and runs every collective under ``jax.jit`` (bfloat16 and 64-bit types included),
-the grouped and pytree forms (with buckets), the gradient of allreduce, a collective inside ``lax.cond``, several
-unnamed collectives in one program, a process set, and what is refused and how: ragged allgather, alltoall with
-splits, async handles, ``vmap``.
+the grouped and pytree forms (with buckets), the gradient of allreduce, collectives inside ``lax.cond``,
+``lax.scan`` and ``fori_loop``, several unnamed collectives in one program, a process set, and what is refused
+and how: ragged allgather, alltoall with splits, async handles, ``vmap``, ``jax.checkpoint``.
 """
 from __future__ import annotations
 
@@ -120,6 +120,16 @@ def jit_worker() -> dict:  # noqa: C901  (one flat script on purpose: one job ch
     c.equal(cond(x, 1), want(np.sum(every("cond", (2,), "float32"), 0)), "jit allreduce in lax.cond (taken)")
     c.equal(cond(x, 0), jnp.zeros(2, jnp.float32), "jit lax.cond (not taken)")
 
+    # loops: ordered callbacks are threaded through scan and while_loop, one collective per iteration
+    steps = jnp.asarray(np.stack([vals(("scan", i), r, (2,), "float32") for i in range(3)]))
+    scanned = jax.jit(lambda xs: jax.lax.scan(lambda acc, v: (acc + hvd.allreduce(v, op=hvd.Sum), None),
+                                              jnp.zeros(2, jnp.float32), xs)[0])(steps)
+    c.equal(scanned, want(sum(np.sum(every(("scan", i), (2,), "float32"), 0) for i in range(3))),
+            "allreduce in every iteration of lax.scan")
+    looped = jax.jit(lambda v: jax.lax.fori_loop(0, 3, lambda i, acc: acc + hvd.allreduce(v, op=hvd.Max),
+                                                 jnp.zeros(2, jnp.float32)))(steps[0])
+    c.equal(looped, want(3 * np.max(every(("scan", 0), (2,), "float32"), 0)), "allreduce in lax.fori_loop")
+
     def many(a, b):
         s = hvd.allreduce(a, op=hvd.Sum)
         m = hvd.allreduce(b, op=hvd.Max)
@@ -152,6 +162,8 @@ def jit_worker() -> dict:  # noqa: C901  (one flat script on purpose: one job ch
     c.raises("async handle in jit", TypeError, lambda: jax.jit(lambda v: hvd.allreduce_async(v))(a),
              match="outside jit")
     c.raises("vmap of a collective", ValueError, lambda: jax.vmap(hvd.allreduce)(jnp.ones((2, 3))), match="vmap")
+    c.raises("remat of a collective", NotImplementedError,
+             lambda: jax.grad(jax.checkpoint(lambda v: jnp.sum(hvd.allreduce(v, op=hvd.Sum))))(a), match="Effects")
     c.raises("gradient of Max", TypeError,
              lambda: jax.grad(lambda v: jnp.sum(hvd.allreduce(v, op=hvd.Max)))(a), match="Sum and Average")
     # The job is still healthy after the refusals.
