@@ -28,8 +28,9 @@ from engine_helpers import run, transport_skip_reason
 COMBOS: List[Tuple[str, str, int]] = [(b, t, n) for b in ("numpy", "torch", "tensorflow", "mxnet")
                                       for t, n in (("tcp", 2), ("shm", 3))]
 COMBOS.append(("numpy", "mpi", 2))
-# JAX is the newest binding: every transport at every size from 1 to 4.
+# JAX is the newest binding: every transport at every size from 1 to 4 (hierarchical from 2: it needs two hosts).
 COMBOS += [("jax", t, n) for t in ("tcp", "shm", "mpi") for n in (1, 2, 3, 4)]
+COMBOS += [("jax", "hierarchical", n) for n in (2, 3, 4)]
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1",
               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
 JOB_TIMEOUT = 300.0
@@ -45,6 +46,12 @@ def _transport_skip_reason(transport: str) -> Optional[str]:
             return "mpi4py is not installed (pip install mpi4py)"
         return None
     return transport_skip_reason(transport)
+
+
+def _two_hosts(np_: int) -> List[str]:
+    """The first half of the ranks on "localhost", the rest on "127.0.0.1" (the first host gets the odd rank)."""
+    first = (np_ + 1) // 2
+    return ["localhost"] * first + ["127.0.0.1"] * (np_ - first)
 
 
 def _combo_id(combo: Tuple[str, str, int]) -> str:
@@ -70,9 +77,12 @@ def _reports(request, combo, case: str) -> List[dict]:
     if combo not in _jobs:
         binding, transport, np_ = combo
         names = _selected_cases(request.session, combo) or [case]
+        # hierarchical (shared memory inside a host, TCP across hosts) needs two hosts: two names of this machine
+        hosts = _two_hosts(np_) if transport == "hierarchical" else None
         try:
             _jobs[combo] = run(conformance_job, np_, transport, args=(binding, names), env=WORKER_ENV,
-                               timeout=JOB_TIMEOUT, launcher="mpirun" if transport == "mpi" else "subprocess")
+                               timeout=JOB_TIMEOUT, launcher="mpirun" if transport == "mpi" else "subprocess",
+                               hosts=hosts)
         except BaseException as exc:  # noqa: BLE001  (every test of the combination reports the job's failure)
             _jobs[combo] = exc
     result = _jobs[combo]
