@@ -31,6 +31,8 @@ COMBOS.append(("numpy", "mpi", 2))
 # JAX is the newest binding: every transport at every size from 1 to 4 (hierarchical from 2: it needs two hosts).
 COMBOS += [("jax", t, n) for t in ("tcp", "shm", "mpi") for n in (1, 2, 3, 4)]
 COMBOS += [("jax", "hierarchical", n) for n in (2, 3, 4)]
+# ... and inside jax.jit (ordered host callbacks) once: ~2 min, most of it compiling a program per case.
+COMBOS.append(("jax-jit", "shm", 3))
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1",
               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
 JOB_TIMEOUT = 300.0
@@ -81,8 +83,8 @@ def _reports(request, combo, case: str) -> List[dict]:
         hosts = _two_hosts(np_) if transport == "hierarchical" else None
         try:
             _jobs[combo] = run(conformance_job, np_, transport, args=(binding, names), env=WORKER_ENV,
-                               timeout=JOB_TIMEOUT, launcher="mpirun" if transport == "mpi" else "subprocess",
-                               hosts=hosts)
+                               timeout=JOB_TIMEOUT * (2 if binding == "jax-jit" else 1),   # compiles per case
+                               launcher="mpirun" if transport == "mpi" else "subprocess", hosts=hosts)
         except BaseException as exc:  # noqa: BLE001  (every test of the combination reports the job's failure)
             _jobs[combo] = exc
     result = _jobs[combo]
