@@ -28,7 +28,7 @@ from horovod.jax.adapter import JaxAdapter, after_jitted_collectives, as_jax, is
 from horovod.jax.compression import Compression
 
 _collectives = HandleCollectives(JaxAdapter(), __name__)
-_collectives.export(globals())   # init, shutdown, poll, synchronize and the *_async forms (join, barrier below)
+_collectives.export(globals())   # init, poll, synchronize and the *_async forms (shutdown, join, barrier below)
 
 #: In-place forms of the other bindings: JAX arrays cannot be written into (``horovod.jax.__getattr__`` says so).
 INPLACE = ("allreduce_async_", "allreduce_", "grouped_allreduce_async_", "grouped_allreduce_", "broadcast_async_",
@@ -180,6 +180,12 @@ def grouped_reducescatter(tensors, name: Optional[str] = None, op=Average,
 
 
 # -- synchronisation: after the collectives of already dispatched jitted programs -------------------------------
+def shutdown() -> None:
+    """Stop Horovod once the collectives of already dispatched jitted programs have run; ``init()`` may follow."""
+    after_jitted_collectives()
+    _collectives.shutdown()
+
+
 @blocking
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data and wait until every rank has joined; returns the last to join.
