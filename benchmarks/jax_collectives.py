@@ -106,7 +106,7 @@ def worker(args) -> None:
     if args.tree:
         tree = [jnp.full((128, 128), float(rank + i), jnp.float32) for i in range(66)]
         nbytes = sum(t.nbytes for t in tree)
-        rows.append({"what": f"pytree 66 x 64 KiB", "bytes": nbytes, **measure("tree", tree, nbytes)})
+        rows.append({"what": "pytree 66 x 64 KiB", "bytes": nbytes, **measure("tree", tree, nbytes)})
     if rank == 0:
         print(RESULT_TAG + json.dumps({"np": world, "rows": rows, "jax": jax.__version__}), flush=True)
     jax.distributed.shutdown()

@@ -44,7 +44,8 @@ from horovod.common.process_sets import (ProcessSet, add_process_set, global_pro
 from horovod.jax import elastic  # noqa: F401
 from horovod.jax.compression import Compression  # noqa: F401
 from horovod.jax.functions import allgather_object, broadcast_object  # noqa: F401
-from horovod.jax.mpi_ops import (INPLACE, allgather, allgather_async, allreduce, allreduce_async,  # noqa: F401
+from horovod.jax.mpi_ops import INPLACE as _INPLACE
+from horovod.jax.mpi_ops import (allgather, allgather_async, allreduce, allreduce_async,  # noqa: F401
                                  alltoall, alltoall_async, barrier, broadcast, broadcast_async, grouped_allgather,
                                  grouped_allgather_async, grouped_allreduce, grouped_allreduce_async,
                                  grouped_reducescatter, grouped_reducescatter_async, init, join, poll,
@@ -54,7 +55,7 @@ from horovod.jax.tree import broadcast_optimizer_state, broadcast_parameters  # 
 
 
 def __getattr__(name: str):
-    if name in INPLACE:
+    if name in _INPLACE:
         instead = name.rstrip("_")
         raise AttributeError(f"horovod.jax has no {name}: JAX arrays are immutable, so there are no in-place "
                              f"collectives; call hvd.{instead}(...) instead and keep what it returns.")

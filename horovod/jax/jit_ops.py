@@ -16,8 +16,10 @@ What follows from it:
   trace time: after an elastic reset, jitted functions must be traced again (``horovod.jax.elastic.run`` clears
   JAX's compilation caches for that).
 - ``alltoall`` with explicit ``splits`` has a data-dependent result shape and is refused under ``jit``.
-- ``jax.vmap`` of an ordered callback is refused by JAX; ``jax.grad`` through ``allreduce`` works (its gradient
-  is the same allreduce of the cotangent, a ``custom_vjp``), the other collectives are not differentiable.
+- ``jax.vmap`` of an ordered callback is refused by JAX, so every collective has a ``custom_vmap`` rule (one
+  callback for the whole batch, see :func:`_run`); ``jax.grad`` through ``allreduce`` works (its gradient is the
+  same allreduce of the cotangent, a ``custom_vjp``), the other collectives are not differentiable.
+- ``jax.checkpoint`` cannot rematerialise ordered effects: collectives stay outside checkpointed blocks.
 - ``pmap`` runs the callback once per local device, i.e. one collective per device, not one per process: use one
   process (one ``horovodrun`` slot) per device instead.
 """
@@ -27,6 +29,8 @@ import functools
 from typing import Any, Callable, List, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
 
 from horovod.common import basics
@@ -68,10 +72,38 @@ def _checked(fn: Callable[[List], Any], specs: Sequence[jax.ShapeDtypeStruct], w
     return callback
 
 
-def _run(fn, specs, operands, what: str, grouped: bool):
-    result = io_callback(_checked(fn, specs, what, grouped), list(specs) if grouped else specs[0], *operands,
-                         ordered=True)
-    return list(result) if grouped else result
+def _run(fn, spec_of: Callable[[Any], jax.ShapeDtypeStruct], operands: Sequence, what: str, grouped: bool,
+         rows: bool = False):
+    """One ordered host callback running ``fn`` on the operands; ``spec_of(operand)`` is its result's shape.
+
+    Under ``jax.vmap`` the callback runs once on the stacked operands (a ``custom_vmap`` rule): for elementwise
+    collectives (allreduce, broadcast) the stacked array is reduced as it is; for the ones that split or
+    concatenate rows (``rows``: allgather, reducescatter, alltoall) the batch axis is moved behind the rows first
+    and back after, so every example gets what it would get alone.
+    """
+    @custom_vmap
+    def call(args):
+        specs = [spec_of(a) for a in args]
+        out = io_callback(_checked(fn, specs, what, grouped), list(specs) if grouped else specs[0], *args,
+                          ordered=True)
+        return tuple(out) if grouped else (out,)
+
+    @call.def_vmap
+    def batched(axis_size, in_batched, args):
+        flags = tuple(in_batched[0])
+        if rows:
+            args = tuple(jnp.moveaxis(a, 0, 1) if b else a for a, b in zip(args, flags))
+        out = call(args)
+        if rows:
+            out = tuple(jnp.moveaxis(o, 1, 0) if b else o for o, b in zip(out, flags))
+        return out, flags
+
+    out = call(tuple(operands))
+    return list(out) if grouped else out[0]
+
+
+def _same_shape(t) -> jax.ShapeDtypeStruct:
+    return _spec(t.shape, t.dtype)
 
 
 def _need_rows(tensors, what: str) -> None:
@@ -89,10 +121,9 @@ def allreduce(tensors: Sequence, op: int, prescale: float, postscale: float, pro
 
 
 def _allreduce_fwd_only(tensors, op, prescale, postscale, process_set, name, grouped):
-    specs = [_spec(t.shape, t.dtype) for t in tensors]
     fn = functools.partial(host.allreduce, op=op, prescale=prescale, postscale=postscale, process_set=process_set,
                            name=name, grouped=grouped)
-    return _run(lambda arrays: fn(arrays if grouped else arrays[0:1]), specs, tensors, "allreduce", grouped)
+    return _run(lambda arrays: fn(arrays if grouped else arrays[0:1]), _same_shape, tensors, "allreduce", grouped)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
@@ -123,26 +154,30 @@ _allreduce_vjp.defvjp(_allreduce_fwd, _allreduce_bwd)
 def allgather(tensors: Sequence, process_set: ProcessSet, name: Optional[str], grouped: bool):
     _need_rows(tensors, "allgather")
     size, _ = set_size_and_rank(process_set)
-    specs = [_spec((size * t.shape[0],) + tuple(t.shape[1:]), t.dtype) for t in tensors]
     fn = functools.partial(host.allgather, process_set=process_set, name=name, grouped=grouped)
-    return _run(lambda arrays: fn(arrays if grouped else arrays[0:1]), specs, tensors, "allgather", grouped)
+    return _run(lambda arrays: fn(arrays if grouped else arrays[0:1]),
+                lambda t: _spec((size * t.shape[0],) + tuple(t.shape[1:]), t.dtype), tensors, "allgather", grouped,
+                rows=True)
 
 
 def reducescatter(tensors: Sequence, op: int, prescale: float, postscale: float, process_set: ProcessSet,
                   name: Optional[str], grouped: bool):
     _need_rows(tensors, "reducescatter")
     size, rank = set_size_and_rank(process_set)
-    specs = [_spec((t.shape[0] // size + (1 if rank < t.shape[0] % size else 0),) + tuple(t.shape[1:]), t.dtype)
-             for t in tensors]
+
+    def block(t):   # rank r gets d0 // n rows, one more when r < d0 % n
+        return _spec((t.shape[0] // size + (1 if rank < t.shape[0] % size else 0),) + tuple(t.shape[1:]), t.dtype)
+
     fn = functools.partial(host.reducescatter, op=op, prescale=prescale, postscale=postscale,
                            process_set=process_set, name=name, grouped=grouped)
-    return _run(lambda arrays: fn(arrays if grouped else arrays[0:1]), specs, tensors, "reducescatter", grouped)
+    return _run(lambda arrays: fn(arrays if grouped else arrays[0:1]), block, tensors, "reducescatter", grouped,
+                rows=True)
 
 
 def broadcast(tensor, root_rank: int, process_set: ProcessSet, name: Optional[str]):
     _set_id(process_set)
     fn = functools.partial(host.broadcast, root_rank=root_rank, process_set=process_set, name=name)
-    return _run(lambda arrays: fn(arrays[0]), [_spec(tensor.shape, tensor.dtype)], [tensor], "broadcast", False)
+    return _run(lambda arrays: fn(arrays[0]), _same_shape, [tensor], "broadcast", False)
 
 
 def alltoall(tensor, splits, process_set: ProcessSet, name: Optional[str]):
@@ -156,7 +191,7 @@ def alltoall(tensor, splits, process_set: ProcessSet, name: Optional[str]):
         raise InvalidArgumentError(f"alltoall without splits needs a first dimension divisible by the set size "
                                    f"{size}; got {tensor.shape[0]} rows. Pass splits (outside jit).")
     fn = functools.partial(host.alltoall, splits=None, process_set=process_set, name=name)
-    return _run(lambda arrays: fn(arrays[0])[0], [_spec(tensor.shape, tensor.dtype)], [tensor], "alltoall", False)
+    return _run(lambda arrays: fn(arrays[0])[0], _same_shape, [tensor], "alltoall", False, rows=True)
 
 
 # -- pytrees ---------------------------------------------------------------------------------------------------
@@ -168,10 +203,9 @@ def allreduce_leaves(leaves: Sequence, op: int, prescale: float, postscale: floa
 
 
 def _leaves_fwd_only(leaves, op, prescale, postscale, process_set, name):
-    specs = [_spec(t.shape, t.dtype) for t in leaves]
     fn = functools.partial(host.allreduce_leaves, op=op, prescale=prescale, postscale=postscale,
                            process_set=process_set, name=name)
-    return tuple(_run(fn, specs, leaves, "allreduce", True))
+    return tuple(_run(fn, _same_shape, leaves, "allreduce", True))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
@@ -195,6 +229,5 @@ _leaves_vjp.defvjp(_leaves_fwd, _leaves_bwd)
 
 def broadcast_leaves(leaves: Sequence, root_rank: int, process_set: ProcessSet, name: Optional[str]) -> List:
     _set_id(process_set)
-    specs = [_spec(t.shape, t.dtype) for t in leaves]
     fn = functools.partial(host.broadcast_leaves, root_rank=root_rank, process_set=process_set, name=name)
-    return _run(fn, specs, leaves, "broadcast", True)
+    return _run(fn, _same_shape, leaves, "broadcast", True)

@@ -1,4 +1,4 @@
-"""The collectives of ``horovod.jax``: the names and semantics of ``horovod.torch``, on ``jax.Array``.
+"""The collectives of ``horovod.jax``: the names, semantics and argument order of ``horovod.torch``, on ``jax.Array``.
 
 Concrete arrays go through the collectives every binding shares (:mod:`horovod.common.binding_ops`, with
 :class:`~horovod.jax.adapter.JaxAdapter`); traced values (inside ``jax.jit``) go through ordered host callbacks
@@ -24,11 +24,11 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.util import handle_average_backwards_compatibility
 from horovod.engine.collectives import blocking
 from horovod.jax import jit_ops
-from horovod.jax.adapter import JaxAdapter, as_jax, is_traced
+from horovod.jax.adapter import JaxAdapter, after_jitted_collectives, as_jax, is_traced
 from horovod.jax.compression import Compression
 
 _collectives = HandleCollectives(JaxAdapter(), __name__)
-_collectives.export(globals())   # init, shutdown, poll, synchronize, join, barrier and the *_async forms
+_collectives.export(globals())   # init, poll, synchronize and the *_async forms (shutdown, join, barrier below)
 
 #: In-place forms of the other bindings: JAX arrays cannot be written into (``horovod.jax.__getattr__`` says so).
 INPLACE = ("allreduce_async_", "allreduce_", "grouped_allreduce_async_", "grouped_allreduce_", "broadcast_async_",
@@ -55,9 +55,9 @@ def _tensors(values, what: str) -> list:
 
 # -- allreduce -------------------------------------------------------------------------------------------------
 @blocking
-def allreduce(tensor, average=None, name: Optional[str] = None, op=None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
-              compression=Compression.none):
+def allreduce(tensor, average=None, name: Optional[str] = None, compression=Compression.none, op=None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set):
     """Reduce ``tensor`` across the process set (default: average) and return the result.
 
     Args:
@@ -65,11 +65,11 @@ def allreduce(tensor, average=None, name: Optional[str] = None, op=None, prescal
             group, small leaves packed into buckets; the result has the same structure).
         average: deprecated; use ``op``.
         name: the operation's name (must match across ranks); unnamed ops are matched by the order they run in.
+        compression: how floating-point values travel (``Compression.fp16`` / ``bf16`` halve the bytes).
         op: ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
         prescale_factor: multiply the input by this before reducing.
         postscale_factor: multiply the result by this after reducing.
         process_set: the ranks taking part (all of them must call this).
-        compression: how floating-point values travel (``Compression.fp16`` / ``bf16`` halve the bytes).
     """
     op = handle_average_backwards_compatibility(op, average)
     if not _is_tensor(tensor):
@@ -88,9 +88,9 @@ def allreduce(tensor, average=None, name: Optional[str] = None, op=None, prescal
 
 
 @blocking
-def grouped_allreduce(tensors, average=None, name: Optional[str] = None, op=None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
-                      compression=Compression.none) -> List[jax.Array]:
+def grouped_allreduce(tensors, average=None, name: Optional[str] = None, compression=Compression.none, op=None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> List[jax.Array]:
     """Reduce a list of arrays as one atomic group (negotiated and fused together); returns a list of new arrays."""
     op = handle_average_backwards_compatibility(op, average)
     tensors = _tensors(tensors, "grouped_allreduce")
@@ -178,3 +178,26 @@ def grouped_reducescatter(tensors, name: Optional[str] = None, op=Average,
     return _collectives.synchronize(_collectives.grouped_reducescatter_async(tensors, name, op, process_set,
                                                                              prescale_factor, postscale_factor))
 
+
+# -- synchronisation: after the collectives of already dispatched jitted programs -------------------------------
+def shutdown() -> None:
+    """Stop Horovod once the collectives of already dispatched jitted programs have run; ``init()`` may follow."""
+    after_jitted_collectives()
+    _collectives.shutdown()
+
+
+@blocking
+def join(device: int = -1) -> int:
+    """Declare that this rank has no more data and wait until every rank has joined; returns the last to join.
+
+    Until then this rank contributes zeros to the allreduces the other ranks still run.  Outside ``jax.jit`` only.
+    """
+    after_jitted_collectives()
+    return _collectives.join(device)
+
+
+@blocking
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of the process set has reached the barrier (outside ``jax.jit`` only)."""
+    after_jitted_collectives()
+    _collectives.barrier(process_set)

@@ -16,7 +16,7 @@ from horovod.common.basics import Average
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.engine.collectives import blocking
 from horovod.jax import host, jit_ops
-from horovod.jax.adapter import as_jax, is_traced
+from horovod.jax.adapter import after_jitted_collectives, as_jax, is_traced
 from horovod.jax.compression import Compression
 
 
@@ -61,6 +61,7 @@ def allreduce_tree(tree: Any, op: int = Average, name: Optional[str] = None, pre
     if any(is_traced(v) for v in values):
         reduced = jit_ops.allreduce_leaves(values, op, prescale_factor, postscale_factor, process_set, name)
     else:
+        after_jitted_collectives()
         reduced = _results(host.allreduce_leaves(host.host_arrays(values), op, prescale_factor, postscale_factor,
                                                  process_set, name), values)
     out = [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
@@ -75,6 +76,7 @@ def broadcast_tree(tree: Any, root_rank: int, name: Optional[str] = None,
     if any(is_traced(v) for v in leaves):
         out = jit_ops.broadcast_leaves(leaves, root_rank, process_set, name)
     else:
+        after_jitted_collectives()
         out = _results(host.broadcast_leaves(host.host_arrays(leaves), root_rank, process_set, name), leaves)
     return jax.tree_util.tree_unflatten(treedef, out)
 

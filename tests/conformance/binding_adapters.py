@@ -286,8 +286,65 @@ class JaxAdapter(Adapter):
         return array.view(np.uint16) if dtype == "bfloat16" else array
 
 
+class JaxJitAdapter(JaxAdapter):
+    """``horovod.jax`` inside ``jax.jit`` (ordered host callbacks), wherever the result shape is known when tracing.
+
+    Ragged allgathers (the ranks' first dimensions differ: asked with ``allgather_object`` first) and alltoall
+    with explicit splits cannot be expressed under ``jit`` (docs/jax.md) and run eagerly here.
+    """
+
+    name = "jax-jit"
+    # Every case compiles its programs (the job's main cost): int8, uint16 and int16 take the same host path as
+    # uint8 and int32 and are covered eagerly by the "jax" binding.
+    dtypes = ("bool", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+    why_not = {d: f"{d} under jit takes the uint8 / int32 path; the jax binding checks it eagerly"
+               for d in ("int8", "uint16", "int16")}
+
+    def __init__(self) -> None:
+        super().__init__()
+        import jax
+
+        self.jit = jax.jit
+
+    def allreduce(self, x, dtype, op, name, prescale=1.0, postscale=1.0):
+        return self.jit(lambda v: self.hvd.allreduce(v, op=op, name=op_name(name), prescale_factor=prescale,
+                                                     postscale_factor=postscale))(x)
+
+    def grouped_allreduce(self, xs, op, name):
+        return self.jit(lambda vs: self.hvd.grouped_allreduce(vs, op=op, name=op_name(name)))(xs)
+
+    def _even(self, xs) -> bool:
+        rows = [int(x.shape[0]) for x in xs]
+        return all(theirs == rows for theirs in self.hvd.allgather_object(rows))
+
+    def allgather(self, x, name):
+        if not self._even([x]):
+            return super().allgather(x, name)
+        return self.jit(lambda v: self.hvd.allgather(v, name=op_name(name)))(x)
+
+    def grouped_allgather(self, xs, name):
+        if not self._even(xs):
+            return super().grouped_allgather(xs, name)
+        return self.jit(lambda vs: self.hvd.grouped_allgather(vs, name=op_name(name)))(xs)
+
+    def broadcast(self, x, root, name):
+        return self.jit(lambda v: self.hvd.broadcast(v, root, name=op_name(name)))(x)
+
+    def alltoall(self, x, splits, name):
+        if splits is not None:
+            return super().alltoall(x, splits, name)
+        return self.jit(lambda v: self.hvd.alltoall(v, name=op_name(name)))(x), None
+
+    def reducescatter(self, x, op, name, prescale=1.0, postscale=1.0):
+        return self.jit(lambda v: self.hvd.reducescatter(v, op=op, name=op_name(name), prescale_factor=prescale,
+                                                         postscale_factor=postscale))(x)
+
+    def grouped_reducescatter(self, xs, op, name):
+        return self.jit(lambda vs: self.hvd.grouped_reducescatter(vs, op=op, name=op_name(name)))(xs)
+
+
 ADAPTERS = {cls.name: cls for cls in (NumpyAdapter, DeviceAdapter, TorchAdapter, TorchCudaAdapter, TensorflowAdapter,
-                                      MxnetAdapter, JaxAdapter)}
+                                      MxnetAdapter, JaxAdapter, JaxJitAdapter)}
 
 
 def skip_reason(binding: str, dtype: Optional[str] = None, needs_inplace: bool = False) -> Optional[str]:

@@ -32,8 +32,11 @@ COMBOS.append(("numpy", "mpi", 2))
 # is (np = 1: NCCL; np >= 2 on one GPU: staged, unless NCCL >= 2.30 lets ranks share it).
 COMBOS += [("device", "tcp", 2), ("device", "shm", 3), ("device", "mpi", 2),
            ("torch-cuda", "tcp", 1), ("torch-cuda", "tcp", 2), ("torch-cuda", "shm", 3)]
-# JAX is the newest binding: every transport at every size from 1 to 4.
+# JAX is the newest binding: every transport at every size from 1 to 4 (hierarchical from 2: it needs two hosts).
 COMBOS += [("jax", t, n) for t in ("tcp", "shm", "mpi") for n in (1, 2, 3, 4)]
+COMBOS += [("jax", "hierarchical", n) for n in (2, 3, 4)]
+# ... and inside jax.jit (ordered host callbacks) once: ~2 min, most of it compiling a program per case.
+COMBOS.append(("jax-jit", "shm", 3))
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1",
               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
 JOB_TIMEOUT = 300.0
@@ -49,6 +52,12 @@ def _transport_skip_reason(transport: str) -> Optional[str]:
             return "mpi4py is not installed (pip install mpi4py)"
         return None
     return transport_skip_reason(transport)
+
+
+def _two_hosts(np_: int) -> List[str]:
+    """The first half of the ranks on "localhost", the rest on "127.0.0.1" (the first host gets the odd rank)."""
+    first = (np_ + 1) // 2
+    return ["localhost"] * first + ["127.0.0.1"] * (np_ - first)
 
 
 def _combo_id(combo: Tuple[str, str, int]) -> str:
@@ -74,9 +83,12 @@ def _reports(request, combo, case: str) -> List[dict]:
     if combo not in _jobs:
         binding, transport, np_ = combo
         names = _selected_cases(request.session, combo) or [case]
+        # hierarchical (shared memory inside a host, TCP across hosts) needs two hosts: two names of this machine
+        hosts = _two_hosts(np_) if transport == "hierarchical" else None
         try:
             _jobs[combo] = run(conformance_job, np_, transport, args=(binding, names), env=WORKER_ENV,
-                               timeout=JOB_TIMEOUT, launcher="mpirun" if transport == "mpi" else "subprocess")
+                               timeout=JOB_TIMEOUT * (2 if binding == "jax-jit" else 1),   # compiles per case
+                               launcher="mpirun" if transport == "mpi" else "subprocess", hosts=hosts)
         except BaseException as exc:  # noqa: BLE001  (every test of the combination reports the job's failure)
             _jobs[combo] = exc
     result = _jobs[combo]

@@ -1,9 +1,10 @@
 """horovod.jax inside jax.jit (ordered host callbacks) on np = 1..4 real ranks, against numpy.
 
 One job per world size traces and runs every collective under ``jax.jit`` (bfloat16 and 64-bit types included),
-the grouped and pytree forms (with buckets), the gradient of allreduce, a collective inside ``lax.cond``, several
-unnamed collectives in one program, a process set, and what is refused and how: ragged allgather, alltoall with
-splits, async handles, ``vmap``.
+the grouped and pytree forms (with buckets), the gradient of allreduce, collectives inside ``lax.cond``,
+``lax.scan`` and ``fori_loop``, several unnamed collectives in one program, a process set, and what is refused
+and how: ragged allgather, alltoall with splits, async handles, ``jax.checkpoint``; and ``vmap`` of every
+collective, each example getting what it would get alone.
 """
 from __future__ import annotations
 
@@ -120,6 +121,16 @@ def jit_worker() -> dict:  # noqa: C901  (one flat script on purpose: one job ch
     c.equal(cond(x, 1), want(np.sum(every("cond", (2,), "float32"), 0)), "jit allreduce in lax.cond (taken)")
     c.equal(cond(x, 0), jnp.zeros(2, jnp.float32), "jit lax.cond (not taken)")
 
+    # loops: ordered callbacks are threaded through scan and while_loop, one collective per iteration
+    steps = jnp.asarray(np.stack([vals(("scan", i), r, (2,), "float32") for i in range(3)]))
+    scanned = jax.jit(lambda xs: jax.lax.scan(lambda acc, v: (acc + hvd.allreduce(v, op=hvd.Sum), None),
+                                              jnp.zeros(2, jnp.float32), xs)[0])(steps)
+    c.equal(scanned, want(sum(np.sum(every(("scan", i), (2,), "float32"), 0) for i in range(3))),
+            "allreduce in every iteration of lax.scan")
+    looped = jax.jit(lambda v: jax.lax.fori_loop(0, 3, lambda i, acc: acc + hvd.allreduce(v, op=hvd.Max),
+                                                 jnp.zeros(2, jnp.float32)))(steps[0])
+    c.equal(looped, want(3 * np.max(every(("scan", 0), (2,), "float32"), 0)), "allreduce in lax.fori_loop")
+
     def many(a, b):
         s = hvd.allreduce(a, op=hvd.Sum)
         m = hvd.allreduce(b, op=hvd.Max)
@@ -133,6 +144,22 @@ def jit_worker() -> dict:  # noqa: C901  (one flat script on purpose: one job ch
         c.equal(sent, want(s_ref - m_ref), f"broadcast after them ({attempt})")
     named = jax.jit(lambda v: hvd.allreduce(v, op=hvd.Sum, name="named.in.jit"))(a)
     c.equal(named, want(s_ref), "named allreduce in jit")
+
+    # -- vmap: every example gets what it would get alone (one callback for the whole batch) -----------------------
+    batch = 3
+    xb = jnp.asarray(vals("vm", r, (batch, 2 * n, 2), "float32"))
+    per_rank = every("vm", (batch, 2 * n, 2), "float32")
+    c.equal(jax.jit(jax.vmap(lambda v: hvd.allreduce(v, op=hvd.Sum)))(xb), want(np.sum(per_rank, 0)),
+            "vmap allreduce")
+    c.equal(jax.vmap(lambda v: hvd.broadcast(v, n - 1))(xb), want(per_rank[n - 1]), "vmap broadcast")
+    c.equal(jax.jit(jax.vmap(hvd.allgather))(xb), want(np.concatenate(per_rank, axis=1)), "vmap allgather")
+    c.equal(jax.vmap(lambda v: hvd.reducescatter(v, op=hvd.Sum))(xb),
+            want(np.sum(per_rank, 0)[:, 2 * r:2 * r + 2]), "vmap reducescatter")
+    c.equal(jax.jit(jax.vmap(hvd.alltoall))(xb), want(np.concatenate([p[:, 2 * r:2 * r + 2] for p in per_rank],
+                                                                     axis=1)), "vmap alltoall")
+    per_example = jax.vmap(jax.grad(lambda v: jnp.sum(hvd.allreduce(v, op=hvd.Sum) * w[0])))(xb)
+    c.equal(per_example, want(np.broadcast_to(np.sum(every("gw", (3,), "float32"), 0)[0], xb.shape)),
+            "vmap of the gradient of allreduce")
 
     # -- a process set inside jit --------------------------------------------------------------------------------
     if r % 2 == 0:
@@ -151,7 +178,8 @@ def jit_worker() -> dict:  # noqa: C901  (one flat script on purpose: one job ch
              lambda: jax.jit(lambda v: hvd.alltoall(v, splits=[2] * n))(jnp.ones((2 * n,))), match="splits=None")
     c.raises("async handle in jit", TypeError, lambda: jax.jit(lambda v: hvd.allreduce_async(v))(a),
              match="outside jit")
-    c.raises("vmap of a collective", ValueError, lambda: jax.vmap(hvd.allreduce)(jnp.ones((2, 3))), match="vmap")
+    c.raises("remat of a collective", NotImplementedError,
+             lambda: jax.grad(jax.checkpoint(lambda v: jnp.sum(hvd.allreduce(v, op=hvd.Sum))))(a), match="Effects")
     c.raises("gradient of Max", TypeError,
              lambda: jax.grad(lambda v: jnp.sum(hvd.allreduce(v, op=hvd.Max)))(a), match="Sum and Average")
     # The job is still healthy after the refusals.
