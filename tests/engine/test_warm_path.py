@@ -133,7 +133,10 @@ def warm_worker(scenario: str, steps: int) -> dict:
             time.sleep(DEMOTE_AFTER_S + 0.5)   # the others' hits wait, then go to the coordinator
         members = list(range(size)) if scenario != "join" or step < 3 else list(range(size - 1))
         handles = {}
-        for i in rng.permutation(len(sizes) * 2):
+        cold_at = rng.integers(0, len(sizes) * 2)
+        for k, i in enumerate(rng.permutation(len(sizes) * 2)):
+            if k == cold_at:   # an unnamed op is new every step: cold, between warm ones, at another place per rank
+                cold = hvd.allreduce_async(np.full(300, float(rank + step)), op=hvd.Sum)
             dtype, n = dtypes[i % len(dtypes)], sizes[i % len(sizes)]
             x = value(i, rank, step, dtype, n)
             op = hvd.Sum if dtype.startswith("int") else hvd.Average
@@ -149,6 +152,8 @@ def warm_worker(scenario: str, steps: int) -> dict:
                          f"step {step} allgather")
             bcast = hvd.broadcast(np.full(5, float(rank * 10 + step)), root_rank=size - 1, name="bcast")
             checks.close(bcast, np.full(5, float((size - 1) * 10 + step)), f"step {step} broadcast")
+        checks.close(hvd.synchronize(cold), np.full(300, float(sum(members) + len(members) * step)),
+                     f"step {step} unnamed")
         for i, (handle, dtype, n, op) in handles.items():
             got = hvd.synchronize(handle)
             total = sum(value(i, r, step, "float64", n) for r in members)
