@@ -301,3 +301,38 @@ def test_a_process_set_mismatch_on_a_tiny_allreduce_fails_every_rank(elements):
     for rank, r in enumerate(results):
         assert r["error"] and "Mismatched process sets" in r["error"], (rank, r["error"])
         assert r["after"] == [2.0, 2.0]
+
+
+def arrive_second_worker(path: str) -> float:
+    """Rank 0 always arrives second at a warm allreduce, then tells rank 1 through a file that it returned: a rank
+    whose round finished before it waited must return at once (it once slept until the next heartbeat)."""
+    import os
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    x = np.ones(1024, np.float32)
+    start = time.monotonic()
+    for i in range(20):
+        if rank == 0:
+            time.sleep(0.005)   # rank 1 has posted its round by now
+        hvd.allreduce_(x, name="w", op=hvd.Sum)
+        if rank == 0:
+            with open(f"{path}.{i}", "w"):
+                pass
+        else:
+            while not os.path.exists(f"{path}.{i}"):   # nothing of Horovod's runs meanwhile
+                time.sleep(0.0005)
+    took = time.monotonic() - start
+    hvd.shutdown()
+    return took
+
+
+def test_a_rank_whose_round_finished_first_returns_at_once(tmp_path):
+    _shm_or_skip()
+    took = run(arrive_second_worker, 2, "shm", args=(str(tmp_path / "done"),), timeout=120)
+    assert max(took) < 5.0, f"20 warm allreduces took {max(took):.1f} s"
