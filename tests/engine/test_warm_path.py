@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_helpers import assert_no_failures, run, transport_skip_reason
+from engine_helpers import assert_no_failures, capture_horovod_logs, run, transport_skip_reason
 
 from horovod.engine import ops
 from horovod.engine.messages import ControlMessage, Request, Response
@@ -336,3 +336,75 @@ def test_a_rank_whose_round_finished_first_returns_at_once(tmp_path):
     _shm_or_skip()
     took = run(arrive_second_worker, 2, "shm", args=(str(tmp_path / "done"),), timeout=120)
     assert max(took) < 5.0, f"20 warm allreduces took {max(took):.1f} s"
+
+
+def warm_stall_worker() -> dict:
+    import os
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    logs = capture_horovod_logs(wanted="allreduce.stalled_tensor")
+    hvd.init()
+    for _ in range(3):   # both tensors go warm
+        hvd.allreduce(np.ones(3), name="stalled_tensor", op=hvd.Sum)
+        hvd.allreduce(np.ones(2000), name="go", op=hvd.Sum)
+    out = {}
+    if rank == 0:
+        h = hvd.allreduce_async(np.ones(3), name="stalled_tensor", op=hvd.Sum)
+        out["warned"] = logs.event.wait(60)  # the others only submit after "go", which needs rank 0
+        hvd.allreduce(np.ones(2000), name="go", op=hvd.Sum)
+        out["result"] = hvd.synchronize(h).tolist()
+    else:
+        hvd.allreduce(np.ones(2000), name="go", op=hvd.Sum)
+        out["result"] = hvd.allreduce(np.ones(3), name="stalled_tensor", op=hvd.Sum).tolist()
+    out["log"] = logs.text
+    hvd.shutdown()
+    return out
+
+
+def test_the_stall_inspector_names_the_ranks_missing_for_a_warm_tensor():
+    _shm_or_skip()
+    results = run(warm_stall_worker, 3, "shm", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+    assert results[0]["warned"], results[0]["log"]
+    line = next(ln for ln in results[0]["log"].splitlines() if "allreduce.stalled_tensor" in ln)
+    assert "[1, 2]" in line, line
+    assert all(r["result"] == [3.0] * 3 for r in results)
+
+
+def warm_kill_worker() -> dict:
+    import os
+    import signal
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    hvd.init()
+    x = np.ones(5000, np.float32)
+    for _ in range(3):
+        hvd.allreduce_(x, name="w", op=hvd.Sum)
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)   # the others wait in a round for this rank
+    try:
+        hvd.allreduce_(x, name="w", op=hvd.Sum)
+        return {"error": None}
+    except Exception as exc:  # noqa: BLE001
+        return {"error": (type(exc).__name__, isinstance(exc, hvd.HorovodInternalError), str(exc))}
+    finally:
+        hvd.shutdown()
+
+
+def test_a_rank_killed_while_the_others_wait_in_a_round_fails_them_naming_it():
+    _shm_or_skip()
+    results = run(warm_kill_worker, 3, "shm", env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"}, timeout=60,
+                  expect_failure=True)
+    assert results[2][0] == "died", results[2]
+    for rank in (0, 1):
+        status, out = results[rank]
+        assert status == "ok", out
+        name, internal, text = out["error"]
+        assert internal and "rank 2" in text, (rank, name, text)
