@@ -58,8 +58,9 @@ KNOBS: Tuple[Knob, ...] = (
          "Batching window in ms: how long the coordinator may hold ready tensors to fuse more of them "
          "(0: dispatch as soon as the data plane is free)."),
     Knob("cache_capacity", int, 1024, "HOROVOD_CACHE_CAPACITY", "--cache-capacity", "params.cache_capacity",
-         "Response cache slots per rank: a repeated request travels as a slot number and skips validation "
-         "(0 disables)."),
+         "Response cache slots, the same on every rank: on one host (shm) a repeated collective runs from every "
+         "rank's cache after one AND of hit bits per round, without the coordinator; otherwise a repeated request "
+         "travels as a slot number and skips validation (0 disables both)."),
     Knob("hierarchical_allreduce", bool, False, "HOROVOD_HIERARCHICAL_ALLREDUCE", "--hierarchical-allreduce",
          "params.hierarchical_allreduce", "Reduce inside each host first, then across hosts.", negatable=True),
     Knob("hierarchical_allgather", bool, False, "HOROVOD_HIERARCHICAL_ALLGATHER", "--hierarchical-allgather",

@@ -453,9 +453,13 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         events = None
         warm = self._warm
         if warm is not None and self._dead is None:
-            # Post this rank's new hits before waiting: the other ranks may be waiting for exactly that.
+            # Post this rank's new hits before waiting: the other ranks may be waiting for exactly that. A round that
+            # finished here may have completed the caller's handle: then do not block.
+            rounds_done = warm.state.done
             if not self._advance_rounds():
                 return False
+            if warm.state.done != rounds_done:
+                timeout = 0.0
         if spin and timeout != 0.0:
             if warm is None:
                 events = self._spinner.spin(lambda: self._selector.select(0))

@@ -116,8 +116,10 @@ def test_fast_lane_results_match_numpy_and_engage(np_):
     assert_no_failures([r["checks"] for r in results])
     for rank, r in enumerate(results):
         fast, slow = r["lane"]
-        # every rank agreed on the same decisions; nearly all of the 300 tiny calls skip the coordinator
-        assert (fast, slow) == tuple(results[0]["lane"]), (rank, r["lane"], results[0]["lane"])
+        # every rank agreed on the same fast decisions (a fast one needs every rank's proposal; a rank whose other
+        # thread was driving at that moment posts a slow entry instead of proposing, so slow counts may differ);
+        # nearly all of the 300 tiny calls skip the coordinator
+        assert fast == results[0]["lane"][0], (rank, r["lane"], results[0]["lane"])
         assert fast >= 250, f"rank {rank}: only {fast} of 302 tiny allreduces were decided fast ({slow} slow)"
 
 

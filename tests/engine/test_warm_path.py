@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_helpers import assert_no_failures, run, transport_skip_reason
+from engine_helpers import assert_no_failures, capture_horovod_logs, run, transport_skip_reason
 
 from horovod.engine import ops
 from horovod.engine.messages import ControlMessage, Request, Response
@@ -133,7 +133,10 @@ def warm_worker(scenario: str, steps: int) -> dict:
             time.sleep(DEMOTE_AFTER_S + 0.5)   # the others' hits wait, then go to the coordinator
         members = list(range(size)) if scenario != "join" or step < 3 else list(range(size - 1))
         handles = {}
-        for i in rng.permutation(len(sizes) * 2):
+        cold_at = rng.integers(0, len(sizes) * 2)
+        for k, i in enumerate(rng.permutation(len(sizes) * 2)):
+            if k == cold_at:   # an unnamed op is new every step: cold, between warm ones, at another place per rank
+                cold = hvd.allreduce_async(np.full(300, float(rank + step)), op=hvd.Sum)
             dtype, n = dtypes[i % len(dtypes)], sizes[i % len(sizes)]
             x = value(i, rank, step, dtype, n)
             op = hvd.Sum if dtype.startswith("int") else hvd.Average
@@ -149,6 +152,8 @@ def warm_worker(scenario: str, steps: int) -> dict:
                          f"step {step} allgather")
             bcast = hvd.broadcast(np.full(5, float(rank * 10 + step)), root_rank=size - 1, name="bcast")
             checks.close(bcast, np.full(5, float((size - 1) * 10 + step)), f"step {step} broadcast")
+        checks.close(hvd.synchronize(cold), np.full(300, float(sum(members) + len(members) * step)),
+                     f"step {step} unnamed")
         for i, (handle, dtype, n, op) in handles.items():
             got = hvd.synchronize(handle)
             total = sum(value(i, r, step, "float64", n) for r in members)
@@ -296,3 +301,110 @@ def test_a_process_set_mismatch_on_a_tiny_allreduce_fails_every_rank(elements):
     for rank, r in enumerate(results):
         assert r["error"] and "Mismatched process sets" in r["error"], (rank, r["error"])
         assert r["after"] == [2.0, 2.0]
+
+
+def arrive_second_worker(path: str) -> float:
+    """Rank 0 always arrives second at a warm allreduce, then tells rank 1 through a file that it returned: a rank
+    whose round finished before it waited must return at once (it once slept until the next heartbeat)."""
+    import os
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    x = np.ones(1024, np.float32)
+    start = time.monotonic()
+    for i in range(20):
+        if rank == 0:
+            time.sleep(0.005)   # rank 1 has posted its round by now
+        hvd.allreduce_(x, name="w", op=hvd.Sum)
+        if rank == 0:
+            with open(f"{path}.{i}", "w"):
+                pass
+        else:
+            while not os.path.exists(f"{path}.{i}"):   # nothing of Horovod's runs meanwhile
+                time.sleep(0.0005)
+    took = time.monotonic() - start
+    hvd.shutdown()
+    return took
+
+
+def test_a_rank_whose_round_finished_first_returns_at_once(tmp_path):
+    _shm_or_skip()
+    took = run(arrive_second_worker, 2, "shm", args=(str(tmp_path / "done"),), timeout=120)
+    assert max(took) < 5.0, f"20 warm allreduces took {max(took):.1f} s"
+
+
+def warm_stall_worker() -> dict:
+    import os
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    logs = capture_horovod_logs(wanted="allreduce.stalled_tensor")
+    hvd.init()
+    for _ in range(3):   # both tensors go warm
+        hvd.allreduce(np.ones(3), name="stalled_tensor", op=hvd.Sum)
+        hvd.allreduce(np.ones(2000), name="go", op=hvd.Sum)
+    out = {}
+    if rank == 0:
+        h = hvd.allreduce_async(np.ones(3), name="stalled_tensor", op=hvd.Sum)
+        out["warned"] = logs.event.wait(60)  # the others only submit after "go", which needs rank 0
+        hvd.allreduce(np.ones(2000), name="go", op=hvd.Sum)
+        out["result"] = hvd.synchronize(h).tolist()
+    else:
+        hvd.allreduce(np.ones(2000), name="go", op=hvd.Sum)
+        out["result"] = hvd.allreduce(np.ones(3), name="stalled_tensor", op=hvd.Sum).tolist()
+    out["log"] = logs.text
+    hvd.shutdown()
+    return out
+
+
+def test_the_stall_inspector_names_the_ranks_missing_for_a_warm_tensor():
+    _shm_or_skip()
+    results = run(warm_stall_worker, 3, "shm", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+    assert results[0]["warned"], results[0]["log"]
+    line = next(ln for ln in results[0]["log"].splitlines() if "allreduce.stalled_tensor" in ln)
+    assert "[1, 2]" in line, line
+    assert all(r["result"] == [3.0] * 3 for r in results)
+
+
+def warm_kill_worker() -> dict:
+    import os
+    import signal
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    hvd.init()
+    x = np.ones(5000, np.float32)
+    for _ in range(3):
+        hvd.allreduce_(x, name="w", op=hvd.Sum)
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)   # the others wait in a round for this rank
+    try:
+        hvd.allreduce_(x, name="w", op=hvd.Sum)
+        return {"error": None}
+    except Exception as exc:  # noqa: BLE001
+        return {"error": (type(exc).__name__, isinstance(exc, hvd.HorovodInternalError), str(exc))}
+    finally:
+        hvd.shutdown()
+
+
+def test_a_rank_killed_while_the_others_wait_in_a_round_fails_them_naming_it():
+    _shm_or_skip()
+    results = run(warm_kill_worker, 3, "shm", env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"}, timeout=60,
+                  expect_failure=True)
+    assert results[2][0] == "died", results[2]
+    for rank in (0, 1):
+        status, out = results[rank]
+        assert status == "ok", out
+        name, internal, text = out["error"]
+        assert internal and "rank 2" in text, (rank, name, text)
