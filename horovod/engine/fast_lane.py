@@ -175,7 +175,10 @@ class LaneUse:
         lane = self.rt._lane
         if (attended and len(requests) == 1 and not self.rt._inflight and not self.rt._outbox and not self.rt._held
                 and lane.eligible(requests[0]) and not self.rt.timeline.enabled
-                and all(info.included(self.rt.rank) for info in self.rt.sets.values())
+                # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
+                # and a rank that passes it where another passes the global set posts no entry the proposer could
+                # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
+                and all(len(info.ranks) == self.rt.size for info in self.rt.sets.values())
                 and self.rt._drive.acquire(blocking=False)):
             seq = lane.propose(requests[0])
             if not seq:
