@@ -1,6 +1,6 @@
 """Rank 0's part of a progress step: take requests in, decide one order, tell the members, tune, watch for stalls.
 
-A mixin of :class:`horovod.engine.runtime.Runtime` (it runs inside the runtime's drive loop and shares its state);
+A part of :class:`horovod.engine.runtime.Runtime` (it runs inside the runtime's drive loop, on the runtime's state);
 the decisions themselves — which tensors are ready, conflicts, stalls — are :class:`horovod.engine.negotiation.Coordinator`'s.
 """
 from __future__ import annotations
@@ -8,73 +8,83 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from horovod.engine import fusion, rounds
 from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError
 from horovod.engine.messages import ControlMessage, Response
 
+if TYPE_CHECKING:
+    from horovod.engine.runtime import Runtime
+
 logger = logging.getLogger("horovod.engine.runtime")
 
 
-class CoordinatorRole:
-    """The coordinator's step (rank 0 only): see :meth:`_coordinate`."""
+class Coordination:
+    """The coordinator's step (rank 0 only): see :meth:`_coordinate`.
+
+    Args:
+        rt: the engine whose state this part works on.
+    """
+
+    def __init__(self, rt: "Runtime"):
+        self.rt = rt
 
     def _coordinate(self, readable) -> bool:
-        coord = self.coordinator
+        coord = self.rt.coordinator
         now = time.monotonic()
         for peer in readable:
-            messages = self._receive(peer)
+            messages = self.rt._receive(peer)
             if messages is None:
                 return False
             for msg in messages:
-                if self._obey_shutdown(msg):
+                if self.rt._obey_shutdown(msg):
                     return False
                 for wire in msg.requests:
-                    req, data = self.mirror_cache.decode(peer, wire)
-                    self.timeline.negotiate(req, now)
-                    self._note_cold(req)
+                    req, data = self.rt.mirror_cache.decode(peer, wire)
+                    self.rt.timeline.negotiate(req, now)
+                    self.rt._note_cold(req)
                     coord.add(req, now, data)
         coord.check_kind_conflicts()
         self._inspect_stalls(now)
         ready = coord.take_ready()
         if ready:
-            self.timeline.negotiated(ready, now)
-            if self.slot_table is not None and self._warm.usable:
+            self.rt.timeline.negotiated(ready, now)
+            if self.rt.slot_table is not None and self.rt._warm.usable:
                 ready = [self._with_slot(resp) for resp in ready]
-            if not self._held:
-                self._held_since = now
-            self._held.extend(ready)
+            if not self.rt._held:
+                self.rt._held_since = now
+            self.rt._held.extend(ready)
         # A positive cycle time holds ready tensors a little, so more of them can be fused together.
-        if self._held and now - self._held_since >= self.config.cycle_time_ms / 1000.0:
-            planned = fusion.plan(self._held, self.config.fusion_threshold, self.config.disable_group_fusion)
-            self._held = []
-            params, self._tuned = self._tuned, None
+        if self.rt._held and now - self.rt._held_since >= self.rt.config.cycle_time_ms / 1000.0:
+            planned = fusion.plan(self.rt._held, self.rt.config.fusion_threshold, self.rt.config.disable_group_fusion)
+            self.rt._held = []
+            params, self.rt._tuned = self.rt._tuned, None
             if not self._dispatch(planned, params):
                 return False
-        elif self._invalidations or (self._tuned and self._warm is not None):
+        elif self.rt._invalidations or (self.rt._tuned and self.rt._warm is not None):
             # Dropped slots must reach every rank even when nothing is ready (their hits come here in full), and
             # so must tuned knobs when every step runs warm.
-            params, self._tuned = self._tuned, None
+            params, self.rt._tuned = self.rt._tuned, None
             if not self._dispatch([], params):
                 return False
         return True
 
     def _dispatch(self, planned: List[Response], params: Optional[dict]) -> bool:
         """Send ``planned`` to the ranks and run it here (with the warm path: once this round is finished)."""
-        warm = self._warm
-        invalidate, self._invalidations = self._invalidations, []
+        warm = self.rt._warm
+        invalidate, self.rt._invalidations = self.rt._invalidations, []
         tag = warm.state.posted if warm is not None else 0
         failed = self._send_responses(planned, params, tag, invalidate)
         if failed:
-            self._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
+            self.rt._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
                                        f"{SHUTDOWN_MESSAGE}"), notify=True)
             return False
         if warm is not None:
             warm.deferred.append(ControlMessage(responses=planned, params=params, round=tag, invalidate=invalidate))
             return True
-        self._execute_all(planned)
-        if self.autotuner is not None:
+        self.rt._execute_all(planned)
+        if self.rt.autotuner is not None:
             self._autotune(planned, time.monotonic())
         return True
 
@@ -82,7 +92,7 @@ class CoordinatorRole:
         """``resp`` with a response-cache slot when it may be cached (a copy: the coordinator reuses responses)."""
         if not rounds.cacheable(resp):
             return resp
-        slot = self.slot_table.assign((0, resp.names[0]))
+        slot = self.rt.slot_table.assign((0, resp.names[0]))
         return dataclasses.replace(resp, slots=[slot])
 
     def _send_responses(self, planned: List[Response], params: Optional[dict], tag: int = 0,
@@ -92,39 +102,39 @@ class CoordinatorRole:
         Non-members never see a set's traffic: an idle rank that is not reading its connection must not have it
         filled by collectives it takes no part in (dropped cache slots and tuned knobs go to everyone).
         """
-        everyone = list(self.control.peers)
+        everyone = list(self.rt.control.peers)
         invalidate = invalidate or []
-        if all(resp.process_set == 0 or resp.process_set not in self.sets for resp in planned):
-            return self.control.broadcast(ControlMessage(responses=planned, params=params, round=tag,
+        if all(resp.process_set == 0 or resp.process_set not in self.rt.sets for resp in planned):
+            return self.rt.control.broadcast(ControlMessage(responses=planned, params=params, round=tag,
                                                          invalidate=invalidate))
         per_peer: Dict[int, List[Response]] = {peer: [] for peer in everyone}
         for resp in planned:
-            info = self.sets.get(resp.process_set)
+            info = self.rt.sets.get(resp.process_set)
             for peer in (everyone if info is None else [r for r in info.ranks if r in per_peer]):
                 per_peer[peer].append(resp)
         messages = {peer: ControlMessage(responses=resps, params=params, round=tag, invalidate=invalidate)
                     for peer, resps in per_peer.items() if resps or params or invalidate}
-        return self.control.send_each(messages)
+        return self.rt.control.send_each(messages)
 
     def _autotune(self, planned: List[Response], now: float) -> None:
         nbytes = sum(fusion.response_bytes(r) for r in planned if r.kind in fusion.FUSIBLE)
         if nbytes == 0:
             return
-        changes = self.autotuner.record(nbytes, now)
+        changes = self.rt.autotuner.record(nbytes, now)
         if changes:
             # The coordinator plans fusion and holds tensors, so the change takes effect here at once; the other
             # ranks learn it with the next responses. With the warm path every rank fuses its own hits, so rank 0
             # changes with the others, when it runs that message.
-            if self._warm is None:
-                self.config = self.config.replace(**changes)
-            self._tuned = {**(self._tuned or {}), **changes}
+            if self.rt._warm is None:
+                self.rt.config = self.rt.config.replace(**changes)
+            self.rt._tuned = {**(self.rt._tuned or {}), **changes}
 
     def _inspect_stalls(self, now: float) -> None:
-        if self.config.stall_check_disable or now - self._last_stall_check < self._stall_every:
+        if self.rt.config.stall_check_disable or now - self.rt._last_stall_check < self.rt._stall_every:
             return
-        self._last_stall_check = now
-        warn_after = self.config.stall_check_time_seconds
-        stalled = self.coordinator.stalled(now, warn_after)
+        self.rt._last_stall_check = now
+        warn_after = self.rt.config.stall_check_time_seconds
+        stalled = self.rt.coordinator.stalled(now, warn_after)
         if stalled:
             lines = "\n".join(f"  set {sid} '{name}': waiting {age:.0f} s for ranks {missing}"
                               for sid, name, missing, age in stalled)
@@ -133,8 +143,8 @@ class CoordinatorRole:
                 "are waiting for remainder of ranks for more than %d seconds. This may indicate that different "
                 "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
                 "which will cause deadlock.\nMissing ranks:\n%s", warn_after, lines)
-        shutdown_after = self.config.stall_shutdown_time_seconds
+        shutdown_after = self.rt.config.stall_shutdown_time_seconds
         if shutdown_after:
             # As the original: a shutdown time below the warning time is raised to it (warned at init).
-            self.coordinator.fail_stalled(now, max(shutdown_after, warn_after),
+            self.rt.coordinator.fail_stalled(now, max(shutdown_after, warn_after),
                                           "Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")

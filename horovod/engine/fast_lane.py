@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from horovod.engine import ops
 from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
@@ -30,6 +30,9 @@ from horovod.engine.handles import Entry
 from horovod.engine.messages import Request
 from horovod.engine.negotiation import reduce_inline
 from horovod.transport.base import TransportError
+
+if TYPE_CHECKING:
+    from horovod.engine.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -156,22 +159,32 @@ class FastLane:
 
 
 class LaneUse:
-    """The runtime's side of the lane: posting every request, deciding a proposal (a mixin of
-    :class:`horovod.engine.runtime.Runtime`)."""
+    """The runtime's side of the lane: posting every request, deciding a proposal (a part of
+    :class:`horovod.engine.runtime.Runtime`).
+
+    Args:
+        rt: the engine whose state this part works on.
+    """
+
+    def __init__(self, rt: "Runtime"):
+        self.rt = rt
 
     def _post_on_lane(self, requests: List[Request], attended: bool) -> int:
         """Under ``_lock``: propose a lone blocking tiny allreduce (returns its lane number, holding the drive
         lock), or post slow entries for the requests (returns 0)."""
-        lane = self._lane
-        if (attended and len(requests) == 1 and not self._inflight and not self._outbox and not self._held
-                and lane.eligible(requests[0]) and not self.timeline.enabled
-                and all(info.included(self.rank) for info in self.sets.values())
-                and self._drive.acquire(blocking=False)):
+        lane = self.rt._lane
+        if (attended and len(requests) == 1 and not self.rt._inflight and not self.rt._outbox and not self.rt._held
+                and lane.eligible(requests[0]) and not self.rt.timeline.enabled
+                # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
+                # and a rank that passes it where another passes the global set posts no entry the proposer could
+                # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
+                and all(len(info.ranks) == self.rt.size for info in self.rt.sets.values())
+                and self.rt._drive.acquire(blocking=False)):
             seq = lane.propose(requests[0])
             if not seq:
-                self._drive.release()
+                self.rt._drive.release()
             return seq
-        lane.note(requests, [sid for sid, info in self.sets.items() if len(info.ranks) == self.size])
+        lane.note(requests, [sid for sid, info in self.rt.sets.items() if len(info.ranks) == self.rt.size])
         return 0
 
     def _settle_on_lane(self, seq: int, entry: Entry) -> bool:
@@ -179,24 +192,24 @@ class LaneUse:
         (reduced here, or failed with the engine), False when it goes to the coordinator."""
         req = entry.request
         try:
-            outcome, result = self._lane.settle(seq, req, lambda: self._guarded_step(0.0))
+            outcome, result = self.rt._lane.settle(seq, req, lambda: self.rt._guarded_step(0.0))
             if outcome == "slow":
                 return False
             if outcome == "stalled":
-                self._die(StallError(f"Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: allreduce "
-                                     f"'{req.name}' waited for ranks {self._lane.board.missing(seq)}. "
+                self.rt._die(StallError(f"Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: allreduce "
+                                     f"'{req.name}' waited for ranks {self.rt._lane.board.missing(seq)}. "
                                      f"{SHUTDOWN_MESSAGE}"), notify=True)
             if outcome != "fast":
                 return True   # the engine finished while waiting: the handle failed with it
             output = deliver_inline(entry, result, req.dtype, req.shape)
-            with self._lock:
-                self._inflight.pop((req.process_set, req.name), None)
+            with self.rt._lock:
+                self.rt._inflight.pop((req.process_set, req.name), None)
             entry.handle.complete(entry.index, output)
             return True
         except (TransportError, OSError) as exc:
-            self._die_of_peer_failure(exc)
+            self.rt._die_of_peer_failure(exc)
             return True
         finally:
-            self._drive.release()
-            if self._needs_background():
-                self._call_background()
+            self.rt._drive.release()
+            if self.rt._needs_background():
+                self.rt._call_background()

@@ -152,6 +152,10 @@ class ResponseCache:
     def entry(self, slot: int) -> Optional[Tuple[tuple, Response]]:
         return self._slots.get(slot)
 
+    def template(self, slot: int) -> Response:
+        """The response in ``slot`` (which holds one)."""
+        return self._slots[slot][1]
+
     def store(self, slot: int, sig: Optional[tuple], template: Response) -> None:
         """Put ``template`` in ``slot`` under ``sig`` (None: this rank has no request for it; the slot is only
         cleared, and this rank never hits it)."""
@@ -220,7 +224,7 @@ class RoundState:
         slot, sig = self.cache.lookup(req)
         if slot < 0:
             return False
-        self.hits[slot] = _Hit(req, sig, self.cache.entry(slot)[1], now)
+        self.hits[slot] = _Hit(req, sig, self.cache.template(slot), now)
         self._fresh = True
         return True
 
@@ -250,7 +254,7 @@ class RoundState:
         for slot, hit in self.hits.items():
             vec[HEADER_WORDS + (slot >> 6)] |= np.uint64(1 << (slot & 63))
             hit.posted = self.posted
-            hit.template = self.cache.entry(slot)[1]   # stale() left only hits whose slot still holds their request
+            hit.template = self.cache.template(slot)   # stale() left only hits whose slot still holds their request
         self._fresh = False
         return vec
 

@@ -15,10 +15,11 @@ An idle background thread parks on a condition variable and polls the control co
 and a wake-up socketpair; only a waiting caller re-checks briefly first, and only when every local rank has a
 core of its own (:mod:`horovod.transport.spin`).  The background thread never spins.
 
-The runtime is the drive loop; each step's work is one mixin of its own: rank 0's negotiation
-(:mod:`horovod.engine.coordination`: it decides one execution order and sends it to the members of each process
-set before executing it itself), carrying out responses (:mod:`horovod.engine.responses`), and leaving or failing
-(:mod:`horovod.engine.teardown`).
+The runtime is the drive loop; each step's work is an explicit part of its own, over the runtime's state: rank 0's
+negotiation (:mod:`horovod.engine.coordination`: it decides one execution order and sends it to the members of each
+process set before executing it itself), carrying out responses (:mod:`horovod.engine.responses`), leaving or
+failing (:mod:`horovod.engine.teardown`), the fast lane (:mod:`horovod.engine.fast_lane`) and the warm path's rounds
+(:mod:`horovod.engine.warm`).
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from horovod.transport.spin import Spinner, default_budget_us
-from horovod.engine.coordination import CoordinatorRole
+from horovod.engine.coordination import Coordination
 from horovod.engine.errors import SHUTDOWN_MESSAGE, HorovodInternalError, PeerFailureError, ShutdownError
-from horovod.engine.responses import ResponseExecution
+from horovod.engine.responses import Responses
 from horovod.engine.teardown import Teardown
 from horovod.engine import fusion
 from horovod.engine.config import Config
@@ -88,8 +89,11 @@ class ProcessSetInfo:
         return rank in self.ranks
 
 
-class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
-    """One engine instance (one ``init()``).
+class Runtime:
+    """One engine instance (one ``init()``): the drive loop, over the state below, with explicit parts —
+    :attr:`coordination` (rank 0's negotiation step), :attr:`responses` (carrying responses out), :attr:`teardown`
+    (leaving and failing), :attr:`lane_use` (the fast lane) and :attr:`_warm` (the warm path's rounds) — each
+    holding this runtime as the one state it works on.
 
     Args:
         config: resolved knobs.
@@ -163,9 +167,39 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         self._invalidations: List[int] = []   # rank 0: slots every rank must drop, sent with the next message
         self._finishing = False
         self._idle_polling = False
+        self._closed = False
+        self.teardown = Teardown(self)
+        self.responses = Responses(self)
+        self.coordination = Coordination(self)
+        self.lane_use = LaneUse(self)
         if self._warm is not None:
             self._selector.register(self._warm.board.wake_fd, selectors.EVENT_READ, "board")
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
+
+    # -- the parts' entry points, used across parts ------------------------------------------------------
+    def _coordinate(self, readable) -> bool:
+        return self.coordination._coordinate(readable)
+
+    def _autotune(self, planned: List[Response], now: float) -> None:
+        self.coordination._autotune(planned, now)
+
+    def _execute_all(self, responses: List[Response]) -> None:
+        self.responses._execute_all(responses)
+
+    def _die(self, error: BaseException, notify: bool) -> None:
+        self.teardown._die(error, notify)
+
+    def _leave(self, reason: str) -> None:
+        self.teardown._leave(reason)
+
+    def _close_all(self) -> None:
+        self.teardown._close_all()
+
+    def _post_on_lane(self, requests: List[Request], attended: bool) -> int:
+        return self.lane_use._post_on_lane(requests, attended)
+
+    def _settle_on_lane(self, seq: int, entry: Entry) -> bool:
+        return self.lane_use._settle_on_lane(seq, entry)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> "Runtime":
@@ -464,7 +498,8 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             if warm is None:
                 events = self._spinner.spin(lambda: self._selector.select(0))
             else:
-                events = self._spinner.spin(lambda: self._selector.select(0) or (_BOARD_READY if warm.ready() else None))
+                events = self._spinner.spin(
+                    lambda: self._selector.select(0) or (_BOARD_READY if warm.ready() else None))
                 if events is _BOARD_READY:
                     events = ()
         if events is None:

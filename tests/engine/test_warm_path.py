@@ -279,7 +279,7 @@ def lane_set_worker(elements: int) -> dict:
 
     import horovod.numpy as hvd
 
-    pair = hvd.ProcessSet([0, 1])
+    pair = hvd.ProcessSet([0, 1])   # the global set at np = 2, a subset at np = 3
     hvd.init(process_sets=[pair])
     rank = hvd.rank()
     out = {}
@@ -294,13 +294,14 @@ def lane_set_worker(elements: int) -> dict:
     return out
 
 
+@pytest.mark.parametrize("np_", [2, 3])
 @pytest.mark.parametrize("elements", [4, 256, 1024])
-def test_a_process_set_mismatch_on_a_tiny_allreduce_fails_every_rank(elements):
+def test_a_process_set_mismatch_on_a_tiny_allreduce_fails_every_rank(elements, np_):
     _shm_or_skip()
-    results = run(lane_set_worker, 2, "shm", args=(elements,), timeout=60)
+    results = run(lane_set_worker, np_, "shm", args=(elements,), timeout=60)
     for rank, r in enumerate(results):
         assert r["error"] and "Mismatched process sets" in r["error"], (rank, r["error"])
-        assert r["after"] == [2.0, 2.0]
+        assert r["after"] == [float(np_)] * 2
 
 
 def arrive_second_worker(path: str) -> float:
