@@ -186,6 +186,7 @@ class LaneUse:
             if outcome != "fast":
                 return True   # the engine finished while waiting: the handle failed with it
             output = deliver_inline(entry, result, req.dtype, req.shape)
+            self.recorder.lane_done(req)   # [hang doctor]
             with self._lock:
                 self._inflight.pop((req.process_set, req.name), None)
             entry.handle.complete(entry.index, output)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import List
 
-from horovod.engine import naming, ops
+from horovod.engine import flight_dump, naming, ops
 from horovod.engine.errors import InvalidArgumentError, MismatchError, StallError
 from horovod.engine.messages import ERROR, Response
 
@@ -19,6 +19,7 @@ class ResponseExecution:
     """Carrying out responses (see the module docstring)."""
 
     def _execute_all(self, responses: List[Response]) -> None:
+        self.recorder.negotiated(responses)   # [hang doctor]
         for resp in responses:
             pset = self.sets.get(resp.process_set)
             if resp.kind != ops.JOIN and (0, naming.JOIN_NAME) in self._inflight:
@@ -47,7 +48,9 @@ class ResponseExecution:
             with self._lock:
                 entries = [self._inflight.get((resp.process_set, name)) for name in resp.names]
             self.timeline.start(resp, entries, self.executor.activity_prefix(resp))
+            self.recorder.started(resp)   # [hang doctor]
             results = self.executor.execute(resp, entries)
+            self.recorder.finished(resp)   # [hang doctor]
             self.timeline.end(resp)
             self._complete(resp, results, entries)
 
@@ -62,6 +65,9 @@ class ResponseExecution:
                 entry.handle.complete(entry.index, result)
 
     def _fail_names(self, resp: Response, error: BaseException) -> None:
+        self.recorder.failed(resp)   # [hang doctor] a stall error: every member dumps, the missing ranks too
+        if resp.error_kind == "stall":
+            flight_dump.dump_once(self, f"stall error: {resp.error}", "stall-error")
         with self._lock:
             entries = [self._inflight.pop((resp.process_set, name), None) for name in resp.names]
         for entry in entries:

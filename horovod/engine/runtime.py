@@ -41,6 +41,7 @@ from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.executor import Executor
 from horovod.engine.fast_lane import FastLane, LaneUse
+from horovod.engine.flight_recorder import FlightRecorder
 from horovod.engine.autotune import Autotuner
 from horovod.engine.cache import CoordinatorCache, RequestCache
 from horovod.engine.handles import Entry
@@ -118,6 +119,7 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             self._register_set(i, ranks)
         self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for, config)
         self.timeline = Timeline.create(config, rank, world.name)
+        self.recorder = FlightRecorder(config.flight_recorder_size)   # [hang doctor] the last collectives
         self.executor.timeline_of = lambda: self.timeline
         self._lock = threading.Lock()
         self._inflight: Dict[Tuple[int, str], Entry] = {}
@@ -232,6 +234,7 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
             for key, entry in zip(keys, entries):
                 self._inflight[key] = entry
                 entry.handle.driver = self.drive
+            self.recorder.enqueued(direct)   # [hang doctor]
         if lane_seq and self._settle_on_lane(lane_seq, entries[0]):
             return
         if self.size == 1:

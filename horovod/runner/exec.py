@@ -235,7 +235,8 @@ def _start(spec: WorkerSpec) -> subprocess.Popen:
 
 def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
                 grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                failure_details: Optional[Callable[[WorkerExit], str]] = None) -> List[WorkerExit]:
+                failure_details: Optional[Callable[[WorkerExit], str]] = None,
+                before_stop: Optional[Callable[[WorkerExit], None]] = None) -> List[WorkerExit]:
     """Start every worker, forward its output, and wait for all of them.
 
     The first worker to exit non-zero stops the job: the others are terminated (:func:`terminate`) and
@@ -248,6 +249,8 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
         grace_seconds: SIGTERM → SIGKILL delay.
         failure_details: extra text for the failure message (e.g. the worker's traceback), called once the
             job has stopped.
+        before_stop: called with the first failure before the others are stopped (the hang doctor collects
+            the survivors' dumps there; bounded by its own timeout).
 
     Returns:
         Every worker's exit (all zero), ordered by rank.
@@ -283,6 +286,11 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
             logger.info("rank %s exited with %s", rank, code)
             if code != 0:
                 first_failure = exits[rank]
+                if before_stop is not None:
+                    try:
+                        before_stop(first_failure)
+                    except Exception:   # the job must still be stopped
+                        logger.warning("collecting the hang dumps failed", exc_info=True)
                 break
     finally:
         terminate(list(procs.values()), grace_seconds)

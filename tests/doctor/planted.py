@@ -1,0 +1,95 @@
+"""Planted hangs for the hang doctor's tests: ``python planted.py SCENARIO`` under horovodrun.
+
+Every scenario runs a few healthy steps first (so the recorders hold history), then hangs in its own way; the
+line each rank is left on carries a ``# HANG:<scenario>:<role>`` marker the tests look up, so no line number is
+written down twice.  The job ends through the stall inspector (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) or the
+liveness timeout, which the tests set short.
+"""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import horovod.numpy as hvd
+
+SCENARIO = sys.argv[1]
+BIG = np.ones(512, dtype=np.float32)   # 2 KiB: past the fast lane, through the coordinator
+
+
+def healthy_steps(n=3):
+    for step in range(n):
+        hvd.allreduce(BIG, name="grad.fc1.weight")
+        hvd.allgather(BIG[:4], name="stats")
+
+
+class SlowDataset:
+    """A data loader whose worker process gets stuck producing an item."""
+
+    def __init__(self, stuck):
+        self.stuck = stuck
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return np.ones(4)
+
+
+def loader_worker(conn):
+    time.sleep(600)  # HANG:loader:worker
+
+
+def main():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    culprit = size - 1
+    healthy_steps()
+    if SCENARIO == "skip":
+        if rank != culprit:
+            hvd.allreduce(BIG, name="grad.fc2.weight")  # HANG:skip:waiter
+        time.sleep(600)  # HANG:skip:culprit
+    elif SCENARIO == "order":
+        if rank != culprit:
+            hvd.allgather(BIG, name="a")  # HANG:order:waiter
+            hvd.allreduce(BIG, name="b")
+        else:
+            hvd.allreduce(BIG, name="b")  # HANG:order:culprit
+            hvd.allgather(BIG, name="a")
+    elif SCENARIO == "sleep":
+        if rank == culprit:
+            time.sleep(600)  # HANG:sleep:culprit
+        hvd.allreduce(BIG, name="grad.fc1.bias")  # HANG:sleep:waiter
+    elif SCENARIO == "sigstop":
+        if rank == culprit:
+            os.kill(os.getpid(), signal.SIGSTOP)  # HANG:sigstop:culprit
+        hvd.allreduce(BIG, name="grad.fc1.bias")  # HANG:sigstop:waiter
+    elif SCENARIO == "kill":
+        if rank == culprit:
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGKILL)  # HANG:kill:culprit
+        hvd.allreduce(BIG, name="grad.fc1.bias")  # HANG:kill:waiter
+    elif SCENARIO == "process_set":
+        # The culprit issues the collective on a set of its own; the others on the global set.
+        solo = hvd.add_process_set([culprit])
+        if rank == culprit:
+            hvd.allreduce(BIG, process_set=solo)  # HANG:process_set:culprit
+            time.sleep(600)
+        hvd.allreduce(BIG)  # HANG:process_set:waiter
+    elif SCENARIO == "loader":
+        import multiprocessing as mp
+        if rank == culprit:
+            ctx = mp.get_context("fork")
+            parent, child = ctx.Pipe()
+            worker = ctx.Process(target=loader_worker, args=(child,), daemon=True)
+            worker.start()
+            parent.recv()  # HANG:loader:culprit
+        hvd.allreduce(BIG, name="batch.stats")  # HANG:loader:waiter
+    else:
+        raise SystemExit(f"unknown scenario {SCENARIO!r}")
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
