@@ -77,7 +77,9 @@ def load(directory: str, latest: bool = False) -> Job:
     children: Dict[int, List[Dict[str, Any]]] = {}
     for d in chosen:
         if d.get("role") == "child":
-            children.setdefault(int(d["rank"]), []).append(d)
+            kids = children.setdefault(int(d["rank"]), [])
+            if all(k.get("pid") != d.get("pid") for k in kids):   # a child's first dump, like a rank's
+                kids.append(d)
         else:
             ranks.setdefault(int(d["rank"]), d)
     launcher = {}

@@ -9,8 +9,10 @@ How it reasons, in order:
    - no dump from that rank: the launcher's view says it exited (with which code or signal) or is stopped; else
      it is not responding (stopped, killed, or stuck in native code that holds the GIL);
    - it waits in another collective on another process set with the same kind: a process-set mismatch;
-   - it waits in another collective the others have not issued: the ranks issue collectives in different orders
-     (a rank that skipped one and went on to the next looks the same from inside: both are named);
+   - it waits in another collective the others have not issued, one its own history shows coming right after the
+     missing one: it skipped the missing one;
+   - it waits in another collective the others have not issued otherwise: the ranks issue collectives in
+     different orders (a skip and a swap read the same from inside; the history only tips the balance);
    - it is in no collective: it is in the user's code (its main thread's innermost frame outside Horovod, the
      standard library and installed packages), and, when it has forked workers that dumped, where they are.
 3. Name the ranks that wait and the user's line where they wait.
@@ -87,7 +89,10 @@ def _first_waiting(dump: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def _describe(record: Dict[str, Any]) -> str:
-    return f"{record['kind']} '{display_name(record['name'])}'"
+    shown = display_name(record["name"])
+    if shown == record["name"] and ".noname." in shown:
+        return f"an unnamed {record['kind']} ('{shown}')"
+    return f"{record['kind']} '{shown}'"
 
 
 def _set_text(job_sets: Dict[str, List[int]], set_id: int) -> str:
@@ -120,6 +125,13 @@ def _last_completed_with(job: Job, rank: int, sets: Dict[str, List[int]]) -> Opt
     return best
 
 
+def _went_on_to(dump: Dict[str, Any], skipped: Key, then: Key) -> bool:
+    """This rank's own history shows ``then`` issued right after ``skipped`` (on the same set): so issuing
+    ``then`` now, without ``skipped``, most likely skipped it (a swap of the two reads the same from inside)."""
+    history = [(c["process_set"], c["name"]) for c in dump.get("collectives", []) if c["process_set"] == skipped[0]]
+    return any(a == skipped and b == then for a, b in zip(history, history[1:]))
+
+
 def _stuck_collective(job: Job) -> Optional[Tuple[Key, Dict[str, Any], Dict[int, Dict[str, Any]]]]:
     """The collective waiting longest: its key, one record of it, and the waiting ranks' records."""
     by_key: Dict[Key, Dict[int, Dict[str, Any]]] = {}
@@ -133,8 +145,9 @@ def _stuck_collective(job: Job) -> Optional[Tuple[Key, Dict[str, Any], Dict[int,
     def started(key: Key) -> float:
         return min(job.ranks[r]["wall_time"] - (job.ranks[r]["monotonic"] - rec["enqueued"])
                    for r, rec in by_key[key].items())
-    # The collective most ranks wait in (the others are the odd ones out), the oldest among equals.
-    key = min(by_key, key=lambda k: (-len(by_key[k]), started(k)))
+    # The collective most ranks wait in (the others are the odd ones out); among equals the one rank 0 (or the
+    # lowest rank) waits in, so the same hang always reads the same; then the oldest.
+    key = min(by_key, key=lambda k: (-len(by_key[k]), min(by_key[k]), started(k)))
     return key, next(iter(by_key[key].values())), by_key[key]
 
 
@@ -201,12 +214,21 @@ def diagnose(job: Job) -> List[str]:
             continue
         dump = job.ranks[rank]
         own = _first_waiting(dump)
-        if own is None:
+        same_place = next((c for c in dump.get("collectives", []) if c["seq"] == record["seq"]), None)
+        if own is None and same_place is not None and same_place["process_set"] != key[0] \
+                and same_place["kind"] == record["kind"]:
+            findings.append(
+                f"process-set mismatch: {ranks_text(waiters)} issued {what} (collective #{record['seq']}) on "
+                f"{_set_text(sets, key[0])}, but rank {rank} issued its collective #{record['seq']}, "
+                f"{_describe(same_place)}, on {_set_text(sets, same_place['process_set'])} instead; it is now in "
+                f"{where(dump)}"
+                f"{_age(dump, _last_activity(dump))}; {waiters_text}")
+        elif own is None:
             text = (f"rank {rank} never submitted {what} (its collective #{dump['collectives_enqueued'] + 1}): it is "
-                    f"in {where(dump)}{_age(dump, _last_activity(dump))}; {waiters_text}")
+                    f"in {where(dump)}{_age(dump, _last_activity(dump))}")
             for child in job.children.get(rank, []):
-                text += f"; its child process (pid {child['pid']}, a data loader worker?) is in {where(child)}"
-            findings.append(text)
+                text += f", waiting for its child process (pid {child['pid']}, a data loader worker?) in {where(child)}"
+            findings.append(f"{text}; {waiters_text}")
         else:
             crossed.setdefault((own["process_set"], own["name"]), []).append(rank)
     for other_key, ranks in crossed.items():
@@ -218,6 +240,11 @@ def diagnose(job: Job) -> List[str]:
                 f"{_set_text(sets, key[0])}, but {ranks_text(ranks)} issued {_describe(own)} (collective "
                 f"#{own['seq']}) on {_set_text(sets, own['process_set'])} at {other_where}; "
                 f"{ranks_text(waiters)} {_wait(waiters)} at {', '.join(wait_where)}")
+        elif all(_went_on_to(job.ranks[r], key, other_key) for r in ranks):
+            findings.append(
+                f"{ranks_text(ranks)} skipped {what} (the others' collective #{record['seq']}): "
+                f"{'it' if len(ranks) == 1 else 'they'} went on to {_describe(own)}, which {'it' if len(ranks) == 1 else 'they'} "
+                f"issued right after it before, at {other_where}; {waiters_text}")
         else:
             findings.append(
                 f"{ranks_text(sorted(set(waiters) | set(ranks)))} issued {what} and {_describe(own)} in opposite "

@@ -21,35 +21,28 @@ BIG = np.ones(512, dtype=np.float32)   # 2 KiB: past the fast lane, through the 
 def healthy_steps(n=3):
     for step in range(n):
         hvd.allreduce(BIG, name="grad.fc1.weight")
+        hvd.allreduce(BIG, name="grad.fc2.weight")
         hvd.allgather(BIG[:4], name="stats")
 
 
-class SlowDataset:
-    """A data loader whose worker process gets stuck producing an item."""
-
-    def __init__(self, stuck):
-        self.stuck = stuck
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return np.ones(4)
-
-
 def loader_worker(conn):
+    """A data loader's worker process that never produces its batch."""
     time.sleep(600)  # HANG:loader:worker
 
 
 def main():
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+    size = int(os.environ["HOROVOD_SIZE"])
     culprit = size - 1
+    solo = hvd.ProcessSet([culprit])
+    hvd.init(process_sets=[solo] if SCENARIO == "process_set" else None)
+    rank = hvd.rank()
     healthy_steps()
     if SCENARIO == "skip":
+        # One step more, in which the culprit skips an allreduce and goes on to the step's next collective.
+        hvd.allreduce(BIG, name="grad.fc1.weight")
         if rank != culprit:
             hvd.allreduce(BIG, name="grad.fc2.weight")  # HANG:skip:waiter
-        time.sleep(600)  # HANG:skip:culprit
+        hvd.allgather(BIG[:4], name="stats")  # HANG:skip:culprit
     elif SCENARIO == "order":
         if rank != culprit:
             hvd.allgather(BIG, name="a")  # HANG:order:waiter
@@ -72,10 +65,9 @@ def main():
         hvd.allreduce(BIG, name="grad.fc1.bias")  # HANG:kill:waiter
     elif SCENARIO == "process_set":
         # The culprit issues the collective on a set of its own; the others on the global set.
-        solo = hvd.add_process_set([culprit])
         if rank == culprit:
-            hvd.allreduce(BIG, process_set=solo)  # HANG:process_set:culprit
-            time.sleep(600)
+            hvd.allreduce(BIG, process_set=solo)
+            time.sleep(600)  # HANG:process_set:culprit
         hvd.allreduce(BIG)  # HANG:process_set:waiter
     elif SCENARIO == "loader":
         import multiprocessing as mp

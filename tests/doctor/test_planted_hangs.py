@@ -1,0 +1,125 @@
+"""Planted hangs under horovodrun, at np = 2 and 3 over shm and tcp: the verdict names the rank, the tensor and the
+user's source line (tests/doctor/planted.py marks each line a rank is left on)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from horovod.doctor import report
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+PLANTED = HERE / "planted.py"
+
+
+def marker_line(scenario: str, role: str) -> str:
+    """``planted.py:<n> (`<code>`)`` for the line marked ``# HANG:<scenario>:<role>``."""
+    for number, text in enumerate(PLANTED.read_text().splitlines(), start=1):
+        if text.rstrip().endswith(f"# HANG:{scenario}:{role}"):
+            return f"planted.py:{number} (`{text.strip()}`)"
+    raise AssertionError(f"no marker {scenario}:{role} in planted.py")
+
+
+def job_env(tmp_path, transport: str, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_") and k != "_HOROVOD_SECRET_KEY"}
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update({"HOROVOD_TRANSPORT": transport, "HOROVOD_FLIGHT_RECORDER_DIR": str(tmp_path / "dumps"),
+                "HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5",
+                "HOROVOD_GLOO_TIMEOUT_SECONDS": "15"})
+    env.update(extra)
+    return env
+
+
+def run_planted(tmp_path, scenario: str, np_: int, transport: str):
+    argv = [sys.executable, "-m", "horovod.runner", "-np", str(np_), sys.executable, str(PLANTED), scenario]
+    proc = subprocess.run(argv, env=job_env(tmp_path, transport), capture_output=True, text=True, timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    verdict = "\n".join(report(str(tmp_path / "dumps")))
+    # The launcher's failure message carries the same verdict (a dump that landed after it may add detail).
+    first = next(line for line in verdict.splitlines() if line.startswith("  - "))[:90]
+    assert first in output.split("exited with non-zero status")[-1], \
+        f"launcher's failure message lacks the verdict {first!r}:\n{output[-4000:]}"
+    return verdict, output
+
+
+def others(np_: int) -> str:
+    waiters = list(range(np_ - 1))
+    return "rank 0" if len(waiters) == 1 else f"ranks {' and '.join(map(str, waiters))}"
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("scenario", ["skip", "order", "sleep", "sigstop", "kill", "process_set", "loader"])
+def test_planted_hang(tmp_path, scenario, np_, transport):
+    culprit = np_ - 1
+    verdict, output = run_planted(tmp_path, scenario, np_, transport)
+    waiter_line = marker_line(scenario, "waiter")
+    culprit_line = marker_line(scenario, "culprit") if scenario not in ("sigstop", "kill") else None
+    wait = "waits" if np_ == 2 else "wait"
+    if scenario == "skip":
+        expected = [f"rank {culprit} skipped allreduce 'grad.fc2.weight'", "went on to allgather 'stats'",
+                    culprit_line, f"{others(np_)} {wait} in it ({waiter_line})"]
+    elif scenario == "order":
+        expected = [f"issued allgather 'a' and allreduce 'b' in opposite orders",
+                    f"{others(np_)} {wait} in allgather 'a' at {waiter_line}",
+                    f"rank {culprit} waits in allreduce 'b' at {culprit_line}"]
+    elif scenario == "sleep":
+        expected = [f"rank {culprit} never submitted allreduce 'grad.fc1.bias'", f"it is in {culprit_line} since",
+                    f"{others(np_)} {wait} in it ({waiter_line})"]
+    elif scenario == "sigstop":
+        expected = [f"rank {culprit} (host ", "is stopped (SIGSTOP or a debugger)",
+                    f"{others(np_)} {wait} in allreduce 'grad.fc1.bias' ({waiter_line})"]
+    elif scenario == "kill":
+        expected = [f"rank {culprit} (host ", "was killed by SIGKILL",
+                    "its last completed collective was allgather 'stats'",
+                    f"{others(np_)} {wait} in allreduce 'grad.fc1.bias' ({waiter_line})"]
+    elif scenario == "process_set":
+        expected = [f"process-set mismatch: {others(np_)} issued an unnamed allreduce", "on the global process set",
+                    f"but rank {culprit} issued its collective", f"on process set 1 (ranks [{culprit}]) instead",
+                    f"it is now in {culprit_line}", f"({waiter_line})"]
+    else:   # loader
+        expected = [f"rank {culprit} never submitted allreduce 'batch.stats'", f"it is in {culprit_line}",
+                    f"waiting for its child process (pid ", f"in {marker_line('loader', 'worker')}",
+                    f"{others(np_)} {wait} in it ({waiter_line})"]
+    for piece in expected:
+        assert piece in verdict, f"{piece!r} not in the verdict:\n{verdict}\n--- job output:\n{output[-3000:]}"
+    assert f"{np_ - (1 if scenario in ('sigstop', 'kill') else 0)} of {np_} ranks dumped" in verdict
+
+
+def test_eight_ranks_dumped_and_collected_within_seconds_of_the_stall_warning(tmp_path):
+    """No stall shutdown: the job hangs for good; the launcher collects every rank's dump at the warning."""
+    env = job_env(tmp_path, "shm", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="0", HOROVOD_STALL_CHECK_TIME_SECONDS="3")
+    argv = [sys.executable, "-m", "horovod.runner", "-np", "8", sys.executable, str(PLANTED), "sleep"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    warned = collected = None
+    lines = []
+    deadline = time.monotonic() + 150
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if warned is None and "One or more tensors were submitted" in line:
+                warned = time.monotonic()
+            match = re.search(r"collected in ([0-9.]+) s after rank 0 reported a stall warning", line)
+            if match:
+                collected = time.monotonic()
+                took = float(match.group(1))
+                break
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    text = "".join(lines)
+    assert warned is not None and collected is not None, text[-4000:]
+    assert took < 5.0 and collected - warned < 8.0, text[-4000:]
+    assert "Horovod doctor (8 of 8 ranks dumped" in text
+    assert f"rank 7 never submitted allreduce 'grad.fc1.bias'" in text
+    assert "ranks 0–6 wait in it" in text
