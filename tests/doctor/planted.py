@@ -31,7 +31,7 @@ def loader_worker(conn):
 
 
 def main():
-    size = int(os.environ["HOROVOD_SIZE"])
+    size = int(os.environ.get("HOROVOD_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"])   # mpirun: Open MPI's
     culprit = size - 1
     solo = hvd.ProcessSet([culprit])
     hvd.init(process_sets=[solo] if SCENARIO == "process_set" else None)

@@ -2,8 +2,10 @@
 user's source line (tests/doctor/planted.py marks each line a rank is left on)."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -91,6 +93,48 @@ def test_planted_hang(tmp_path, scenario, np_, transport):
     for piece in expected:
         assert piece in verdict, f"{piece!r} not in the verdict:\n{verdict}\n--- job output:\n{output[-3000:]}"
     assert f"{np_ - (1 if scenario in ('sigstop', 'kill') else 0)} of {np_} ranks dumped" in verdict
+
+
+def run_until_dumped(tmp_path, scenario: str, np_: int, transport: str, launcher_args) -> str:
+    """Run a planted hang until every rank dumped (a job under mpirun may not end by itself: MPI's finalize waits
+    for the sleeping rank), then stop it and return the verdict."""
+    argv = [sys.executable, "-m", "horovod.runner", "-np", str(np_), *launcher_args, sys.executable, str(PLANTED),
+            scenario]
+    dumps = tmp_path / "dumps"
+    proc = subprocess.Popen(argv, env=job_env(tmp_path, transport), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if {p.name.split("-")[1] for p in dumps.glob("g*-rank*.json")} >= {f"rank{r}" for r in range(np_)}:
+                time.sleep(0.5)   # let late dumps land
+                break
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=60)[0].decode(errors="replace")
+    try:
+        return "\n".join(report(str(dumps)))
+    except Exception as exc:
+        raise AssertionError(f"no verdict ({exc}); job output:\n{output[-4000:]}")
+
+
+@pytest.mark.parametrize("transport,launcher_args", [
+    ("auto", ("-H", "localhost:1,127.0.0.1:1")),   # two "hosts": the hierarchical transport
+    ("mpi", ("--mpi",)),                           # mpirun: no store to watch, the ranks' own stall-error dumps
+])
+def test_planted_hangs_over_hierarchical_and_mpi(tmp_path, transport, launcher_args):
+    if transport == "mpi" and shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed")
+    for scenario in ("sleep", "order"):
+        verdict = run_until_dumped(tmp_path / scenario, scenario, 2, transport, launcher_args)
+        chosen = {json.load(open(p))["transport"] for p in (tmp_path / scenario / "dumps").glob("g*.json")}
+        assert chosen == {"hierarchical" if transport == "auto" else "mpi"}, chosen
+        if scenario == "sleep":
+            assert (f"rank 1 never submitted allreduce 'grad.fc1.bias' (its collective #10): it is in "
+                    f"{marker_line('sleep', 'culprit')}") in verdict, verdict
+        else:
+            assert (f"rank 0 waits in allgather 'a' at {marker_line('order', 'waiter')}, rank 1 waits in allreduce "
+                    f"'b' at {marker_line('order', 'culprit')}") in verdict, verdict
 
 
 def test_eight_ranks_dumped_and_collected_within_seconds_of_the_stall_warning(tmp_path):
