@@ -105,7 +105,7 @@ def _set_text(job_sets: Dict[str, List[int]], set_id: int) -> str:
 def _age(dump: Dict[str, Any], since: Optional[float]) -> str:
     if since is None:
         return ""
-    return f" since {max(0.0, dump['monotonic'] - since):.0f} s"
+    return f" (no collective for {max(0.0, dump['monotonic'] - since):.0f} s)"
 
 
 def _last_activity(dump: Dict[str, Any]) -> Optional[float]:
@@ -242,9 +242,9 @@ def diagnose(job: Job) -> List[str]:
                 f"{ranks_text(waiters)} {_wait(waiters)} at {', '.join(wait_where)}")
         elif all(_went_on_to(job.ranks[r], key, other_key) for r in ranks):
             findings.append(
-                f"{ranks_text(ranks)} skipped {what} (the others' collective #{record['seq']}): "
-                f"{'it' if len(ranks) == 1 else 'they'} went on to {_describe(own)}, which {'it' if len(ranks) == 1 else 'they'} "
-                f"issued right after it before, at {other_where}; {waiters_text}")
+                f"{ranks_text(ranks)} skipped {what} (the others' collective #{record['seq']}) and went on to "
+                f"{_describe(own)}, the collective that followed it in earlier steps, at {other_where}; "
+                f"{waiters_text}")
         else:
             findings.append(
                 f"{ranks_text(sorted(set(waiters) | set(ranks)))} issued {what} and {_describe(own)} in opposite "

@@ -30,6 +30,21 @@ def loader_worker(conn):
     time.sleep(600)  # HANG:loader:worker
 
 
+class StuckDataset:
+    """A torch Dataset whose item never arrives on the culprit (its loader worker is stuck in user code)."""
+
+    def __init__(self, stuck):
+        self.stuck = stuck
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if self.stuck:
+            time.sleep(600)  # HANG:torch_loader:worker
+        return np.ones(4, dtype=np.float32)
+
+
 def main():
     size = int(os.environ.get("HOROVOD_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"])   # mpirun: Open MPI's
     culprit = size - 1
@@ -78,6 +93,11 @@ def main():
             worker.start()
             parent.recv()  # HANG:loader:culprit
         hvd.allreduce(BIG, name="batch.stats")  # HANG:loader:waiter
+    elif SCENARIO == "torch_loader":
+        import torch.utils.data as tud
+        loader = iter(tud.DataLoader(StuckDataset(rank == culprit), batch_size=1, num_workers=1))
+        next(loader)   # HANG:torch_loader:culprit
+        hvd.allreduce(BIG, name="batch.stats")  # HANG:torch_loader:waiter
     else:
         raise SystemExit(f"unknown scenario {SCENARIO!r}")
     hvd.shutdown()

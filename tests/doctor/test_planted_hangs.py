@@ -58,7 +58,8 @@ def others(np_: int) -> str:
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 @pytest.mark.parametrize("np_", [2, 3])
-@pytest.mark.parametrize("scenario", ["skip", "order", "sleep", "sigstop", "kill", "process_set", "loader"])
+@pytest.mark.parametrize("scenario", ["skip", "order", "sleep", "sigstop", "kill", "process_set", "loader",
+                                      "torch_loader"])
 def test_planted_hang(tmp_path, scenario, np_, transport):
     culprit = np_ - 1
     verdict, output = run_planted(tmp_path, scenario, np_, transport)
@@ -66,14 +67,14 @@ def test_planted_hang(tmp_path, scenario, np_, transport):
     culprit_line = marker_line(scenario, "culprit") if scenario not in ("sigstop", "kill") else None
     wait = "waits" if np_ == 2 else "wait"
     if scenario == "skip":
-        expected = [f"rank {culprit} skipped allreduce 'grad.fc2.weight'", "went on to allgather 'stats'",
+        expected = [f"rank {culprit} skipped allreduce 'grad.fc2.weight'", "and went on to allgather 'stats'",
                     culprit_line, f"{others(np_)} {wait} in it ({waiter_line})"]
     elif scenario == "order":
         expected = [f"issued allgather 'a' and allreduce 'b' in opposite orders",
                     f"{others(np_)} {wait} in allgather 'a' at {waiter_line}",
                     f"rank {culprit} waits in allreduce 'b' at {culprit_line}"]
     elif scenario == "sleep":
-        expected = [f"rank {culprit} never submitted allreduce 'grad.fc1.bias'", f"it is in {culprit_line} since",
+        expected = [f"rank {culprit} never submitted allreduce 'grad.fc1.bias'", f"it is in {culprit_line} (no collective for ",
                     f"{others(np_)} {wait} in it ({waiter_line})"]
     elif scenario == "sigstop":
         expected = [f"rank {culprit} (host ", "is stopped (SIGSTOP or a debugger)",
@@ -86,9 +87,9 @@ def test_planted_hang(tmp_path, scenario, np_, transport):
         expected = [f"process-set mismatch: {others(np_)} issued an unnamed allreduce", "on the global process set",
                     f"but rank {culprit} issued its collective", f"on process set 1 (ranks [{culprit}]) instead",
                     f"it is now in {culprit_line}", f"({waiter_line})"]
-    else:   # loader
+    else:   # a data loader's worker process (a plain forked one, and torch's DataLoader)
         expected = [f"rank {culprit} never submitted allreduce 'batch.stats'", f"it is in {culprit_line}",
-                    f"waiting for its child process (pid ", f"in {marker_line('loader', 'worker')}",
+                    f"waiting for its child process (pid ", f"in {marker_line(scenario, 'worker')}",
                     f"{others(np_)} {wait} in it ({waiter_line})"]
     for piece in expected:
         assert piece in verdict, f"{piece!r} not in the verdict:\n{verdict}\n--- job output:\n{output[-3000:]}"

@@ -118,7 +118,7 @@ def test_a_rank_in_user_code_is_named_with_its_line_and_the_waiters():
     })
     (finding,) = diagnose(job)
     assert finding.startswith(f"rank 2 never submitted allreduce 'grad.a' (its collective #{n + 1}): it is in "
-                              f"train.py:88 (`batch = next(loader)`) since")
+                              f"train.py:88 (`batch = next(loader)`) (no collective for ")
     assert "ranks 0 and 1 wait in it (train.py:30 (`hvd.allreduce(g, name='grad.a')`))" in finding
 
 
@@ -149,8 +149,8 @@ def test_opposite_orders_without_history_and_skip_with_it():
         2: dump(2, 3, history() + [coll(n + 1, "allreduce.grad.b", state="enqueued")], frames((31, "b"))),
     })
     (finding,) = diagnose(skipped)
-    assert finding.startswith(f"rank 2 skipped allreduce 'grad.a' (the others' collective #{n + 1}): it went on to "
-                              f"allreduce 'grad.b'")
+    assert finding.startswith(f"rank 2 skipped allreduce 'grad.a' (the others' collective #{n + 1}) and went on to "
+                              f"allreduce 'grad.b', the collective that followed it in earlier steps")
     assert "train.py:31" in finding and "ranks 0 and 1 wait in it (train.py:30" in finding
 
 
