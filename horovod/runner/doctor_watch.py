@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -194,3 +195,26 @@ class HangWatch:
 
     def failure_text(self) -> str:
         return self.verdict
+
+
+def request_dump(launcher_pid: int) -> int:
+    """``horovodrun --dump-flight-recorder PID``: signal a running launcher to collect (its own output shows the
+    verdict).  Refuses a pid that is not a horovodrun: SIGUSR1 would kill most other programs.  Returns the exit
+    status."""
+    try:
+        with open(f"/proc/{launcher_pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        argv = None
+    if argv is not None and not any(b"horovodrun" in a or b"horovod.runner" in a for a in argv):
+        print(f"horovodrun: error: pid {launcher_pid} is not a horovodrun ({b' '.join(argv[:3]).decode(errors='replace')}"
+              f"); pass the launcher's pid (pgrep -f horovodrun)", file=sys.stderr)
+        return 2
+    try:
+        os.kill(launcher_pid, signal.SIGUSR1)
+    except OSError as exc:
+        print(f"horovodrun: error: cannot signal pid {launcher_pid}: {exc}", file=sys.stderr)
+        return 2
+    print(f"horovodrun: asked horovodrun (pid {launcher_pid}) to collect its ranks' hang dumps; its output shows the "
+          f"verdict within {COLLECT_TIMEOUT_S:.0f} s")
+    return 0

@@ -52,6 +52,7 @@ def main():
     hvd.init(process_sets=[solo] if SCENARIO == "process_set" else None)
     rank = hvd.rank()
     healthy_steps()
+    print(f"planted: rank {rank} hangs now", flush=True)
     if SCENARIO == "skip":
         # One step more, in which the culprit skips an allreduce and goes on to the step's next collective.
         hvd.allreduce(BIG, name="grad.fc1.weight")
