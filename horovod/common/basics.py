@@ -157,26 +157,30 @@ def dump_flight_recorder(reason: str = "requested", all_ranks: bool = False) -> 
 def _attach_flight_recorder(rt, generation: int) -> None:
     epoch = getattr(rt, "epoch", None)
     rt.flight_generation = epoch if isinstance(epoch, int) else generation
-    flight_dump.announce(rt)
-    _install_dump_signal()
+    flight_dump.announce(rt, _install_dump_signal())
 
 
 _signal_installed = False
 
 
-def _install_dump_signal() -> None:
+def _install_dump_signal() -> bool:
     """SIGUSR1 makes this process dump (the launcher sends it to every rank, stuck or not).  Only where nobody
-    else handles SIGUSR1, and only from the main thread (where Python allows it)."""
+    else handles SIGUSR1, and only from the main thread (where Python allows it).  True when it is ours."""
     global _signal_installed
-    if _signal_installed or not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread():
-        return
+    if not hasattr(signal, "SIGUSR1"):
+        return False
+    if _signal_installed:
+        return signal.getsignal(signal.SIGUSR1) is _on_dump_signal
+    if threading.current_thread() is not threading.main_thread():
+        return False
     try:
         if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
-            return
+            return False
         signal.signal(signal.SIGUSR1, _on_dump_signal)
         _signal_installed = True
     except (ValueError, OSError):
-        pass
+        return False
+    return True
 
 
 def _on_dump_signal(signum, frame) -> None:

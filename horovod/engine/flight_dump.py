@@ -121,8 +121,10 @@ def dump(runtime: Any, reason: str) -> Optional[str]:
             "threads": thread_stacks(),
         }
         path = _write(record, directory(config), record["generation"], runtime.rank)
-        logger.warning("Horovod flight recorder dump (%s) written to %s; diagnose with: python -m horovod.doctor %s",
-                       reason, path, os.path.dirname(path))
+        # A signalled dump is the launcher's (it prints the verdict) or the user's own request: no warning per rank.
+        logger.log(logging.INFO if reason == "SIGUSR1" else logging.WARNING,
+                   "Horovod flight recorder dump (%s) written to %s; diagnose with: python -m horovod.doctor %s",
+                   reason, path, os.path.dirname(path))
         return path
     except Exception:   # a dump must never break the engine or the user's signal handling
         logger.warning("could not write the Horovod flight recorder dump", exc_info=True)
@@ -155,12 +157,13 @@ def request_all(runtime: Any, reason: str) -> None:
     threading.Thread(target=send, name="horovod-dump-request", daemon=True).start()
 
 
-def announce(runtime: Any) -> None:
-    """Tell the launcher where this rank runs (host and pid), so it can signal and watch it."""
+def announce(runtime: Any, handles_signal: bool) -> None:
+    """Tell the launcher where this rank runs (host and pid), so it can watch it, and whether SIGUSR1 makes it dump
+    (when the user's program handles SIGUSR1 itself, the launcher must not send it)."""
     store = getattr(runtime, "store", None)
     if store is None or not hasattr(store, "put"):
         return
-    value = f"{socket.gethostname()}|{os.getpid()}".encode()
+    value = f"{socket.gethostname()}|{os.getpid()}|{int(handles_signal)}".encode()
 
     def send() -> None:
         try:

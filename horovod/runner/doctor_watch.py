@@ -64,6 +64,7 @@ class HangWatch:
     def __init__(self, store, worker_env: Mapping[str, str], hosts: Mapping[int, str]):
         self.store = store
         self.hosts = dict(hosts)
+        self._made_directory = not worker_env.get(DIR_ENV)
         self.directory = worker_env.get(DIR_ENV) or tempfile.mkdtemp(prefix="horovod-doctor-")
         self.exits: Dict[int, WorkerExit] = {}
         self.verdict: str = ""
@@ -95,6 +96,11 @@ class HangWatch:
             except (ValueError, OSError):
                 pass
         self._thread.join(1.0)
+        if self._made_directory:
+            try:
+                os.rmdir(self.directory)   # only when empty: a job that never dumped leaves nothing behind
+            except OSError:
+                pass
 
     def _on_signal(self, signum, frame) -> None:
         threading.Thread(target=self.collect, args=("SIGUSR1 to the launcher",), daemon=True).start()
@@ -109,12 +115,13 @@ class HangWatch:
 
     # -- collection -------------------------------------------------------------------------------------------
     def _pids(self) -> Dict[int, tuple]:
+        """rank → (host, pid, whether SIGUSR1 makes it dump), as the ranks announced them."""
         out = {}
         for key, raw in self.store.scope(STORE_SCOPE).items():
             if key.startswith("pid."):
-                host, _, pid = raw.decode(errors="replace").partition("|")
+                host, pid, handles = (raw.decode(errors="replace").split("|") + ["", "", "0"])[:3]
                 try:
-                    out[int(key[4:])] = (host, int(pid))
+                    out[int(key[4:])] = (host, int(pid), handles == "1")
                 except ValueError:
                     continue
         return out
@@ -137,7 +144,7 @@ class HangWatch:
         here = socket.gethostname()
         view = {}
         for rank in sorted(set(pids) | set(self.exits) | set(self.hosts)):
-            host, pid = pids.get(rank, (self.hosts.get(rank, ""), None))
+            host, pid, _ = pids.get(rank, (self.hosts.get(rank, ""), None, False))
             info = {"host": host or self.hosts.get(rank, ""), "pid": pid, "state": "unknown"}
             if rank in self.exits:
                 code = self.exits[rank].returncode
@@ -159,7 +166,7 @@ class HangWatch:
             began = time.monotonic()
             pids = self._pids()
             here = socket.gethostname()
-            local = {r: pid for r, (host, pid) in pids.items() if host == here or is_local_host(host)}
+            local = {r: pid for r, (host, pid, ours) in pids.items() if ours and (host == here or is_local_host(host))}
             for rank, pid in local.items():
                 if rank not in self.exits and _proc_state(pid) == "running":
                     try:
@@ -179,8 +186,10 @@ class HangWatch:
                 pass
             try:
                 lines = report(self.directory)
-            except (DumpDirectoryError, OSError, ValueError, KeyError) as exc:
-                lines = [f"Horovod doctor: no verdict ({exc})"]
+            except DumpDirectoryError:
+                return ""   # nothing dumped (a job that failed before init): nothing to say
+            except (OSError, ValueError, KeyError) as exc:
+                lines = [f"Horovod doctor: no verdict ({exc!r})"]
             took = time.monotonic() - began
             self.verdict = "\n".join(lines + [f"  dumps: {self.directory} (collected in {took:.1f} s after "
                                               f"{reason}); rerun: python -m horovod.doctor {self.directory}"])
