@@ -155,7 +155,8 @@ def dump_flight_recorder(reason: str = "requested", all_ranks: bool = False) -> 
 
 
 def _attach_flight_recorder(rt, generation: int) -> None:
-    epoch = getattr(rt, "epoch", None)
+    # Elastic jobs number their dumps by epoch (every rank of an epoch agrees on it); others by init count.
+    epoch = getattr(getattr(rt, "epoch", None), "epoch", None)
     rt.flight_generation = epoch if isinstance(epoch, int) else generation
     flight_dump.announce(rt, _install_dump_signal())
 
