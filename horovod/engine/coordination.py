@@ -99,9 +99,7 @@ class CoordinatorRole:
                 "are waiting for remainder of ranks for more than %d seconds. This may indicate that different "
                 "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
                 "which will cause deadlock.\nMissing ranks:\n%s", warn_after, lines)
-            # [hang doctor] dump here, and ask the launcher to have every rank dump (it signals them)
-            if flight_dump.dump_once(self, "stall warning", "stall-warning"):
-                flight_dump.request_all(self, "stall warning")
+            flight_dump.on_stall_warning(self)   # [hang doctor]
         shutdown_after = self.config.stall_shutdown_time_seconds
         if shutdown_after:
             # As the original: a shutdown time below the warning time is raised to it (warned at init).

@@ -140,6 +140,13 @@ def dump_once(runtime: Any, reason: str, key: str) -> Optional[str]:
     return dump(runtime, reason)
 
 
+def on_stall_warning(runtime: Any) -> None:
+    """The stall inspector (the coordinator's, or the fast lane's on a waiting rank) warned: dump here once, and
+    ask the launcher to have every rank dump (it signals them, so ranks stuck outside Horovod dump too)."""
+    if dump_once(runtime, "stall warning", "stall-warning"):
+        request_all(runtime, "stall warning")
+
+
 def request_all(runtime: Any, reason: str) -> None:
     """Ask the launcher (through the rendezvous store) to have every rank dump: it signals them, so ranks stuck
     outside Horovod dump too.  Best effort, off the calling thread."""

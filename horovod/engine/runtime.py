@@ -41,6 +41,7 @@ from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.executor import Executor
 from horovod.engine.fast_lane import FastLane, LaneUse
+from horovod.engine import flight_dump
 from horovod.engine.flight_recorder import FlightRecorder
 from horovod.engine.autotune import Autotuner
 from horovod.engine.cache import CoordinatorCache, RequestCache
@@ -155,6 +156,8 @@ class Runtime(CoordinatorRole, ResponseExecution, Teardown, LaneUse):
         # Only a waiting caller spins: the background thread must leave the GIL to the caller's computation.
         self._spinner = Spinner(default_budget_us(config.topology.local_size, config.spin_us))
         self._lane = FastLane.open(world, config, size, self._spinner.budget_s * 1e6)
+        if self._lane is not None:   # [hang doctor] a stall on the lane dumps like the coordinator's
+            self._lane.on_stall = lambda: flight_dump.on_stall_warning(self)
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------

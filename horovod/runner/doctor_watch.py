@@ -38,6 +38,8 @@ DIR_ENV = "HOROVOD_FLIGHT_RECORDER_DIR"
 #: How long the launcher waits for the ranks' dumps after asking for them.
 COLLECT_TIMEOUT_S = 5.0
 _POLL_S = 0.1
+#: Requests this soon after a collection are the same stall seen by another rank (the fast lane warns on each).
+REQUEST_QUIET_S = 10.0
 
 
 def _proc_state(pid: int) -> str:
@@ -71,6 +73,7 @@ class HangWatch:
         self._stop = threading.Event()
         self._collect_lock = threading.Lock()
         self._seen_request: Optional[bytes] = None
+        self._last_collect = -REQUEST_QUIET_S
         self._thread = threading.Thread(target=self._watch, name="horovod-doctor-watch", daemon=True)
 
     def env(self) -> Dict[str, str]:
@@ -108,7 +111,8 @@ class HangWatch:
     def _watch(self) -> None:
         while not self._stop.wait(_POLL_S):
             request = self.store.get((STORE_SCOPE, "request"))
-            if request is not None and request != self._seen_request:
+            if request is not None and request != self._seen_request \
+                    and time.monotonic() - self._last_collect >= REQUEST_QUIET_S:
                 self._seen_request = request
                 reason = request.decode(errors="replace").split("|", 2)[-1]
                 self.collect(f"rank 0 reported a {reason}" if "stall" in reason else reason)
@@ -195,6 +199,7 @@ class HangWatch:
                                               f"{reason}); rerun: python -m horovod.doctor {self.directory}"])
             if announce:
                 logger.warning("%s", self.verdict)
+            self._last_collect = time.monotonic()
             return self.verdict
 
     def before_stop(self, first: WorkerExit) -> None:

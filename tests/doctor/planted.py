@@ -70,6 +70,10 @@ def main():
         if rank == culprit:
             time.sleep(600)  # HANG:sleep:culprit
         hvd.allreduce(BIG, name="grad.fc1.bias")  # HANG:sleep:waiter
+    elif SCENARIO == "sleep_tiny":   # an 8-byte allreduce: on one host the fast lane, not the coordinator
+        if rank == culprit:
+            time.sleep(600)  # HANG:sleep_tiny:culprit
+        hvd.allreduce(np.ones(2, dtype=np.float32), name="loss")  # HANG:sleep_tiny:waiter
     elif SCENARIO == "sigstop":
         if rank == culprit:
             os.kill(os.getpid(), signal.SIGSTOP)  # HANG:sigstop:culprit

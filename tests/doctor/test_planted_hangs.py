@@ -58,8 +58,8 @@ def others(np_: int) -> str:
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 @pytest.mark.parametrize("np_", [2, 3])
-@pytest.mark.parametrize("scenario", ["skip", "order", "sleep", "sigstop", "kill", "process_set", "loader",
-                                      "torch_loader"])
+@pytest.mark.parametrize("scenario", ["skip", "order", "sleep", "sleep_tiny", "sigstop", "kill", "process_set",
+                                      "loader", "torch_loader"])
 def test_planted_hang(tmp_path, scenario, np_, transport):
     culprit = np_ - 1
     verdict, output = run_planted(tmp_path, scenario, np_, transport)
@@ -75,6 +75,9 @@ def test_planted_hang(tmp_path, scenario, np_, transport):
                     f"rank {culprit} waits in allreduce 'b' at {culprit_line}"]
     elif scenario == "sleep":
         expected = [f"rank {culprit} never submitted allreduce 'grad.fc1.bias'", f"it is in {culprit_line} (no collective for ",
+                    f"{others(np_)} {wait} in it ({waiter_line})"]
+    elif scenario == "sleep_tiny":   # the fast lane's stall warning and stall error (shm), the coordinator's (tcp)
+        expected = [f"rank {culprit} never submitted allreduce 'loss'", f"it is in {culprit_line} (no collective for ",
                     f"{others(np_)} {wait} in it ({waiter_line})"]
     elif scenario == "sigstop":
         expected = [f"rank {culprit} (host ", "is stopped (SIGSTOP or a debugger)",
