@@ -5,13 +5,14 @@ Usage::
 
     python benchmarks/flight_recorder.py                 # np = 2, shm (the default transport on one host)
     python benchmarks/flight_recorder.py --transport tcp
-    python benchmarks/flight_recorder.py --models deepmlp --blocks 6
+    python benchmarks/flight_recorder.py --models deepmlp --steps 40
 
 Rows: an 8-byte float32 allreduce back to back (blocking: the fast lane on shm), the same through the coordinator
 (``allreduce_async`` + ``synchronize``: the path every asynchronous gradient takes), and training steps of
 benchmarks/torch_training.py's models with ``hvd.DistributedOptimizer``.  Every rank flips its recorder
-(``runtime.recorder.enabled``) between blocks at the same point, after a barrier.  A last row times the recorder's
-hooks alone for one collective (enqueue, negotiated, started, finished) in a tight loop.
+(``runtime.recorder.enabled``) every 20 calls (every training step) at the same point, so load changes on a shared
+machine hit both sides alike; medians per side.  A last row times the recorder's hooks alone for one collective
+(enqueue, negotiated, started, finished) in a tight loop.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def hooks_ns(n: int = 200_000) -> float:
     start = time.perf_counter()
     for _ in range(n):
         rec.enqueued(batch)
-        rec.negotiated(responses)
+        rec.negotiated()
         rec.started(resp)
         rec.finished(resp)
     return (time.perf_counter() - start) / n * 1e9
@@ -62,54 +63,51 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     tiny = torch.zeros(2, dtype=torch.float32)   # 8 bytes
 
-    def lane(calls):
-        times = []
-        for i in range(calls):
-            t = time.perf_counter()
-            hvd.allreduce(tiny, name="lat")
-            times.append(time.perf_counter() - t)
-        return statistics.median(times) * 1e6
+    def lane():
+        t = time.perf_counter()
+        hvd.allreduce(tiny, name="lat")
+        return (time.perf_counter() - t) * 1e6
 
-    def coordinator(calls):
-        times = []
-        for i in range(calls):
-            t = time.perf_counter()
-            hvd.synchronize(hvd.allreduce_async(tiny, name="lat.async"))
-            times.append(time.perf_counter() - t)
-        return statistics.median(times) * 1e6
+    def coordinator():
+        t = time.perf_counter()
+        hvd.synchronize(hvd.allreduce_async(tiny, name="lat.async"))
+        return (time.perf_counter() - t) * 1e6
 
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch_size, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (args.batch_size,), generator=g)
-    workloads = {"8-byte allreduce, back to back (µs, median)": lambda: lane(args.lat_calls),
-                 "8-byte allreduce through the coordinator (µs, median)": lambda: coordinator(args.lat_calls)}
+    # (label, one unit of work returning its time in µs, units per switch of the recorder, units per side)
+    workloads = [("8-byte allreduce, back to back (µs, median)", lane, 20, args.lat_calls),
+                 ("8-byte allreduce through the coordinator (µs, median)", coordinator, 20, args.lat_calls)]
     for name in args.models.split(","):
         model = build(name)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                        named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
-        def train(model=model, opt=opt):
+        def step(model=model, opt=opt):
             t = time.perf_counter()
-            for _ in range(args.block_steps):
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-            return args.block_steps * args.batch_size * world / (time.perf_counter() - t)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            return (time.perf_counter() - t) * 1e6
 
-        workloads[f"training {name} (samples/s)"] = train
+        workloads.append((f"training {name} (ms per step, median)", step, 1, args.steps))
     results = {}
-    for label, run in workloads.items():
-        run()   # warm-up
+    for label, unit, per_switch, per_side in workloads:
+        for _ in range(max(per_switch, 10)):
+            unit()   # warm-up
         sides = {True: [], False: []}
-        for block in range(args.blocks):
-            for on in ((True, False) if block % 2 == 0 else (False, True)):
-                recorder.enabled = on
-                hvd.barrier()
-                sides[on].append(run())
+        # The recorder flips every few units, on every rank at the same unit (the collectives keep the ranks in
+        # step), so both sides see the same load on a shared machine.
+        for i in range(2 * per_side):
+            on = (i // per_switch) % 2 == 0
+            recorder.enabled = on
+            sides[on].append(unit())
         recorder.enabled = True
-        results[label] = {"on": statistics.median(sides[True]), "off": statistics.median(sides[False]),
-                          "on_blocks": sides[True], "off_blocks": sides[False]}
+        scale = 1e-3 if label.startswith("training") else 1.0
+        results[label] = {"on": statistics.median(sides[True]) * scale,
+                          "off": statistics.median(sides[False]) * scale, "units": per_side}
     if rank == 0:
         results["hooks"] = hooks_ns()
         print(RESULT_TAG + json.dumps(results), flush=True)
@@ -122,9 +120,8 @@ def main(argv=None) -> None:
     parser.add_argument("--transport", default="auto")
     parser.add_argument("--models", default="smallcnn,mlp,deepmlp")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--blocks", type=int, default=8, help="blocks per side, alternating")
-    parser.add_argument("--block-steps", type=int, default=10)
-    parser.add_argument("--lat-calls", type=int, default=1000, help="calls per latency block")
+    parser.add_argument("--steps", type=int, default=80, help="training steps per side")
+    parser.add_argument("--lat-calls", type=int, default=4000, help="latency calls per side")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -134,26 +131,19 @@ def main(argv=None) -> None:
     env = _launch.repo_env({"HOROVOD_TRANSPORT": args.transport})
     cmd = _launch.horovodrun_cmd(args.np, [
         sys.executable, os.path.abspath(__file__), "--worker", "--models", args.models, "--batch-size",
-        str(args.batch_size), "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
-        "--lat-calls", str(args.lat_calls)])
+        str(args.batch_size), "--steps", str(args.steps), "--lat-calls", str(args.lat_calls)])
     proc = _launch.run_job(cmd, env, args.timeout)
     line = next((ln for ln in proc.stdout.splitlines() if RESULT_TAG in ln), None)
     if not proc.ok or line is None:
         raise SystemExit(f"benchmark job failed: {proc.describe()}")
     results = json.loads(line.split(RESULT_TAG, 1)[1])
     hooks = results.pop("hooks")
-    print(f"np={args.np}, transport {args.transport}, {args.blocks} blocks per side, load average "
-          f"{os.getloadavg()[0]:.1f}\n")
-    print("| row | recorder on | recorder off | on / off |")
-    print("| --- | ---: | ---: | ---: |")
+    print(f"np={args.np}, transport {args.transport}, load average {os.getloadavg()[0]:.1f}\n")
+    print("| row | recorder on | recorder off | on / off | units per side |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for label, r in results.items():
-        print(f"| {label} | {r['on']:.1f} | {r['off']:.1f} | {r['on'] / r['off']:.3f} |")
-    print(f"| recorder hooks alone, one collective (ns) | {hooks:.0f} | 0 | |")
-    print("\nper block (on / off):")
-    for label, r in results.items():
-        print(f"  {label}: on {', '.join(f'{v:.1f}' for v in r['on_blocks'])}; off "
-              f"{', '.join(f'{v:.1f}' for v in r['off_blocks'])}")
-
+        print(f"| {label} | {r['on']:.1f} | {r['off']:.1f} | {r['on'] / r['off']:.3f} | {r['units']} |")
+    print(f"| recorder hooks alone, one collective (ns) | {hooks:.0f} | 0 | | |")
 
 if __name__ == "__main__":
     main()

@@ -27,6 +27,8 @@ FORMAT = 1
 #: Rendezvous scope the launcher watches: ``pid.<rank>`` = ``host|pid`` announcements, ``request`` = dump now.
 STORE_SCOPE = "doctor"
 DEFAULT_DIR_NAME = "horovod-flight-recorder"
+#: The function name of the SIGUSR1 handler (horovod.common.basics), cut from recorded stacks.
+SIGNAL_HANDLER_NAME = "_on_dump_signal"
 
 
 def directory(config: Any) -> str:
@@ -55,6 +57,11 @@ def thread_stacks() -> List[Dict[str, Any]]:
         frames = [[f.filename, f.lineno, f.name, (f.line or "").strip(),
                    f.filename.startswith(lib) or f.filename.startswith("<")]
                   for f in traceback.extract_stack(frame)]
+        # The dump signal's handler may still be on the main thread (starting the dumping thread): cut it off,
+        # so the stack ends where the signal found the thread.
+        cut = next((i for i, f in enumerate(frames) if f[2] == SIGNAL_HANDLER_NAME), None)
+        if cut is not None:
+            frames = frames[:cut]
         out.append({"name": thread.name if thread else f"thread-{ident}", "ident": ident,
                     "main": thread is threading.main_thread() if thread else False,
                     "daemon": bool(thread.daemon) if thread else True, "dumping": ident == me, "frames": frames})

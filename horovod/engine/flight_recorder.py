@@ -44,83 +44,81 @@ class FlightRecorder:
         self._count = 0   # collectives enqueued so far on this rank: the next one's sequence number minus one
 
     # -- hot path (called by the engine; must stay a tuple append) -------------------------------------------
+    # Events hold only strings, numbers and the engine's own name lists, never the Request / Response objects:
+    # keeping thousands of those alive would make the garbage collector promote and rescan them.
     def enqueued(self, requests: Sequence[Any]) -> None:
         if self.enabled:
             now = time.monotonic()
             append = self._events.append
             for req in requests:
                 self._count += 1
-                append((now, ENQUEUED, req, self._count))
+                append((now, ENQUEUED, req.process_set, req.name, req.kind, req.dtype, req.shape, req.device,
+                        self._count))
 
-    def negotiated(self, responses: Sequence[Any]) -> None:
-        if self.enabled and responses:
-            self._events.append((time.monotonic(), NEGOTIATED, responses))
+    def negotiated(self) -> None:
+        """A batch of responses arrived (worker) or was planned (coordinator)."""
+        if self.enabled:
+            self._events.append((time.monotonic(), NEGOTIATED))
 
     def started(self, response: Any) -> None:
         if self.enabled:
-            self._events.append((time.monotonic(), STARTED, response))
+            self._events.append((time.monotonic(), STARTED, response.process_set, response.names))
 
     def finished(self, response: Any) -> None:
         if self.enabled:
-            self._events.append((time.monotonic(), FINISHED, response))
+            self._events.append((time.monotonic(), FINISHED, response.process_set, response.names))
 
     def failed(self, response: Any) -> None:
         if self.enabled:
-            self._events.append((time.monotonic(), FAILED, response))
+            self._events.append((time.monotonic(), FAILED, response.process_set, response.names,
+                                 f"{response.error_kind}: {response.error}"))
 
     def lane_done(self, request: Any) -> None:
         """A tiny allreduce settled on the fast lane: negotiated, run and finished at once."""
         if self.enabled:
-            self._events.append((time.monotonic(), LANE_DONE, request))
+            self._events.append((time.monotonic(), LANE_DONE, request.process_set, (request.name,)))
 
     # -- dump side ------------------------------------------------------------------------------------------
     def snapshot(self) -> List[Dict[str, Any]]:
         """One record per collective still in the ring, oldest first (plain data, ready for JSON).
 
         Safe from any thread: ``list(deque)`` copies in one C call, under the GIL, so concurrent appends never
-        tear it.
+        tear it.  A record's negotiation time is that of the last batch of responses that arrived before the first
+        response naming it.
         """
         events = list(self._events)
         records: List[Dict[str, Any]] = []
         open_by_key: Dict[Tuple[int, str], Dict[str, Any]] = {}
-
-        def update(set_id: int, names, field: str, when: float, state: str, error: str = "") -> None:
+        batch_time = None
+        fields = {STARTED: ("started", "started"), FINISHED: ("finished", "done"), FAILED: ("finished", "failed"),
+                  LANE_DONE: ("finished", "done")}
+        for event in events:
+            when, code = event[0], event[1]
+            if code == ENQUEUED:
+                rec = _record_of(event)
+                records.append(rec)
+                open_by_key[(rec["process_set"], rec["name"])] = rec
+                continue
+            if code == NEGOTIATED:
+                batch_time = when
+                continue
+            field, state = fields[code]
+            set_id, names = event[2], event[3]
             for name in names:
                 rec = open_by_key.get((set_id, name))
                 if rec is None:
                     continue
+                if rec["negotiated"] is None:
+                    rec["negotiated"] = batch_time if batch_time is not None and batch_time >= rec["enqueued"] \
+                        and code != LANE_DONE else when
+                if code == LANE_DONE:
+                    rec["started"] = when
                 rec[field] = when
                 rec["state"] = state
-                if error:
-                    rec["error"] = error
+                if code == FAILED:
+                    rec["error"] = event[4]
                 if state in ("done", "failed"):
                     del open_by_key[(set_id, name)]
-
-        for event in events:
-            when, code = event[0], event[1]
-            if code == ENQUEUED:
-                req, seq = event[2], event[3]
-                rec = _record_of(req, seq, when)
-                records.append(rec)
-                open_by_key[(req.process_set, req.name)] = rec
-            elif code == NEGOTIATED:
-                for resp in event[2]:
-                    update(resp.process_set, resp.names, "negotiated", when, "negotiated")
-            elif code == STARTED:
-                update(event[2].process_set, event[2].names, "started", when, "started")
-            elif code == FINISHED:
-                update(event[2].process_set, event[2].names, "finished", when, "done")
-            elif code == FAILED:
-                resp = event[2]
-                update(resp.process_set, resp.names, "finished", when, "failed",
-                       f"{getattr(resp, 'error_kind', '')}: {getattr(resp, 'error', '') or ''}")
-            elif code == LANE_DONE:
-                req = event[2]
-                for field in ("negotiated", "started"):
-                    rec = open_by_key.get((req.process_set, req.name))
-                    if rec is not None:
-                        rec[field] = when
-                update(req.process_set, [req.name], "finished", when, "done")
         return records[-self.capacity:] if self.capacity else []
 
     @property
@@ -129,16 +127,16 @@ class FlightRecorder:
         return self._count
 
 
-def _record_of(req: Any, seq: int, when: float) -> Dict[str, Any]:
-    shape = [int(d) for d in (req.shape or ())]
+def _record_of(event: tuple) -> Dict[str, Any]:
+    when, _, set_id, name, kind, dtype, shape, device, seq = event
+    shape = [int(d) for d in (shape or ())]
     try:
-        itemsize = ops.storage_dtype(req.dtype).itemsize
+        itemsize = ops.storage_dtype(dtype).itemsize
     except (TypeError, KeyError, ValueError):
         itemsize = 0
     elems = 1
     for d in shape:
         elems *= d
-    return {"seq": seq, "name": req.name, "kind": KIND_NAMES.get(req.kind, str(req.kind)),
-            "process_set": req.process_set, "dtype": req.dtype, "shape": shape, "bytes": elems * itemsize,
-            "device": getattr(req, "device", -1), "enqueued": when, "negotiated": None, "started": None,
-            "finished": None, "state": "enqueued"}
+    return {"seq": seq, "name": name, "kind": KIND_NAMES.get(kind, str(kind)), "process_set": set_id,
+            "dtype": dtype, "shape": shape, "bytes": elems * itemsize, "device": device, "enqueued": when,
+            "negotiated": None, "started": None, "finished": None, "state": "enqueued"}

@@ -19,7 +19,7 @@ class ResponseExecution:
     """Carrying out responses (see the module docstring)."""
 
     def _execute_all(self, responses: List[Response]) -> None:
-        self.recorder.negotiated(responses)   # [hang doctor]
+        self.recorder.negotiated()   # [hang doctor]
         for resp in responses:
             pset = self.sets.get(resp.process_set)
             if resp.kind != ops.JOIN and (0, naming.JOIN_NAME) in self._inflight:
@@ -50,11 +50,11 @@ class ResponseExecution:
             self.timeline.start(resp, entries, self.executor.activity_prefix(resp))
             self.recorder.started(resp)   # [hang doctor]
             results = self.executor.execute(resp, entries)
-            self.recorder.finished(resp)   # [hang doctor]
             self.timeline.end(resp)
             self._complete(resp, results, entries)
 
     def _complete(self, resp: Response, results, entries=None) -> None:
+        self.recorder.finished(resp)   # [hang doctor] collectives, joins and process-set changes alike
         with self._lock:
             if entries is None:
                 entries = [self._inflight.get((resp.process_set, name)) for name in resp.names]

@@ -15,14 +15,14 @@ import time
 from test_planted_hangs import PLANTED, REPO, job_env, marker_line
 
 SCRIPT = textwrap.dedent("""
-    import os, signal, sys, time
+    import os, signal, sys, threading, time
     import numpy as np
     import horovod.numpy as hvd
     hvd.init()
     for i in range(3):
         hvd.allreduce(np.ones(4), name=f"w{i}")
     print("PATH", hvd.dump_flight_recorder("asked by the test"))
-    os.kill(os.getpid(), signal.SIGUSR1)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()   # arrives during the sleep
     time.sleep(2)  # SIGNALLED HERE
 """)
 

@@ -27,7 +27,7 @@ def test_recorder_follows_a_collective_through_its_states():
     rec.enqueued([a, b])
     rec.enqueued([c])
     resp_a = Response(ops.ALLREDUCE, ["allreduce.a"])
-    rec.negotiated([resp_a])
+    rec.negotiated()
     rec.started(resp_a)
     rec.finished(resp_a)
     rec.failed(Response(ERROR, ["allreduce.c"], error="Stalled collective", error_kind="stall"))
@@ -48,13 +48,25 @@ def test_recorder_keeps_only_its_capacity_and_counts_everything():
         req = Request(0, f"allreduce.t{i}", ops.ALLREDUCE, "float32", (1,))
         rec.enqueued([req])
         resp = Response(ops.ALLREDUCE, [req.name])
-        rec.negotiated([resp])
+        rec.negotiated()
         rec.started(resp)
         rec.finished(resp)
     records = rec.snapshot()
     assert rec.count == 50
     assert [r["seq"] for r in records] == [46, 47, 48, 49, 50]
     assert all(r["state"] == "done" for r in records)
+
+
+def test_recorder_finishes_what_completes_without_running():
+    """Joins and process-set changes complete without a data-plane run: they must not look pending."""
+    rec = FlightRecorder(4)
+    req = Request(0, "add_process_set.x", ops.ADD_PROCESS_SET, "uint8", ())
+    rec.enqueued([req])
+    rec.negotiated()
+    rec.finished(Response(ops.ADD_PROCESS_SET, [req.name]))
+    (only,) = rec.snapshot()
+    assert only["state"] == "done" and only["kind"] == "add_process_set" and only["started"] is None
+    assert only["negotiated"] is not None
 
 
 def test_recorder_lane_and_disabled_and_bad_capacity():
