@@ -3,7 +3,7 @@ every Python thread, and — on rank 0 — the coordinator's table of collective
 
 Written when something looks hung (the stall inspector's warning, a stall error, a peer failure or timeout), on
 ``SIGUSR1`` and on request (``hvd.dump_flight_recorder()``); read by :mod:`horovod.doctor`.  Each dump is a new
-file (``g<generation>-rank<r>-<pid>-<ms>.json``), written to a temporary name and renamed, so a reader never sees
+file (``g<generation>-rank<r>-<pid>-<ms>.json``; ``…-rank<r>-child-…`` from a forked child), written to a temporary name and renamed, so a reader never sees
 half a file.  Everything here runs rarely and off the hot path; failures to write are logged, never raised into
 the engine (a dump must not turn a hang into a crash).
 """
@@ -98,7 +98,8 @@ def _job_id(config: Any) -> str:
 
 def _write(record: Dict[str, Any], where: str, generation: int, rank: int) -> str:
     os.makedirs(where, exist_ok=True)
-    name = f"g{generation}-rank{rank}-{os.getpid()}-{int(time.time() * 1000)}.json"
+    role = "-child" if record["role"] == "child" else ""
+    name = f"g{generation}-rank{rank}{role}-{os.getpid()}-{int(time.time() * 1000)}.json"
     path = os.path.join(where, name)
     fd, tmp = tempfile.mkstemp(prefix=".partial-", dir=where)
     with os.fdopen(fd, "w") as handle:

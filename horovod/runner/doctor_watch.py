@@ -137,7 +137,7 @@ class HangWatch:
         except OSError:
             return ranks
         for name in names:
-            if name.endswith(".json") and "-rank" in name:
+            if name.endswith(".json") and "-rank" in name and "-child-" not in name:
                 try:
                     ranks.add(int(name.split("-rank", 1)[1].split("-", 1)[0]))
                 except ValueError:

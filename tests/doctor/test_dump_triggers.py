@@ -89,3 +89,32 @@ def test_dump_request_refuses_a_pid_that_is_not_horovodrun(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+ALL_RANKS = textwrap.dedent("""
+    import time
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    for i in range(3):
+        hvd.allreduce(np.ones(4), name=f"w{i}")
+    if hvd.rank() == 0:
+        hvd.dump_flight_recorder("checkpoint", all_ranks=True)
+    time.sleep(8)  # EVERY RANK WAITS HERE
+""")
+
+
+def test_dump_of_every_rank_on_request_from_one_rank(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(ALL_RANKS)
+    argv = [sys.executable, "-m", "horovod.runner", "-np", "2", sys.executable, str(script)]
+    out = subprocess.run(argv, env=job_env(tmp_path, "auto"), capture_output=True, text=True, timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    line = ALL_RANKS.splitlines().index("time.sleep(8)  # EVERY RANK WAITS HERE") + 1
+    assert "Horovod doctor (2 of 2 ranks dumped" in text, text[-4000:]
+    # Each rank's first dump: rank 0's own at the call, rank 1's when the launcher signalled it.
+    assert (f"no collective is waiting on any rank (all completed): rank 0 in job.py:{line - 1} "
+            f"(`hvd.dump_flight_recorder(\"checkpoint\", all_ranks=True)`); rank 1 in job.py:{line} "
+            f"(`time.sleep(8)  # EVERY RANK WAITS HERE`)") in text, text[-4000:]
+    assert "after checkpoint" in text
