@@ -80,6 +80,9 @@ def where(dump: Dict[str, Any]) -> str:
     if frame is None:
         return "an unknown place (no Python stack)"
     code = f" (`{frame[3]}`)" if frame[3] else ""
+    if frame[0].startswith("<"):
+        # Code without a file (a function shipped by horovod.run / Spark / Ray, `python -c`): name the function.
+        return f"{frame[2]}() at {frame[0]}:{frame[1]}{code}"
     return f"{frame[0].rsplit('/', 1)[-1]}:{frame[1]}{code}"
 
 

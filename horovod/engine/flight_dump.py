@@ -55,7 +55,7 @@ def thread_stacks() -> List[Dict[str, Any]]:
     for ident, frame in sys._current_frames().items():
         thread = names.get(ident)
         frames = [[f.filename, f.lineno, f.name, (f.line or "").strip(),
-                   f.filename.startswith(lib) or f.filename.startswith("<")]
+                   f.filename.startswith(lib) or f.filename.startswith("<frozen")]
                   for f in traceback.extract_stack(frame)]
         # The dump signal's handler may still be on the main thread (starting the dumping thread): cut it off,
         # so the stack ends where the signal found the thread.

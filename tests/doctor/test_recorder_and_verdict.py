@@ -220,6 +220,8 @@ def test_text_helpers():
     assert where(dump(0, 1, [], [])) == "an unknown place (no Python stack)"
     only_lib = dump(0, 1, [], [[LIB, 86, "wait", "x", True]])
     assert where(only_lib) == "handles.py:86 (`x`)"
+    shipped = dump(0, 1, [], [["<dynamic-code>", 12, "train_fn", "", False]])
+    assert where(shipped) == "train_fn() at <dynamic-code>:12"
 
 
 # -- the directory ----------------------------------------------------------------------------------------------
