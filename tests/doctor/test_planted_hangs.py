@@ -15,6 +15,8 @@ import pytest
 
 from horovod.doctor import report
 
+pytestmark = pytest.mark.slow   # about 40 horovodrun jobs, ~5 minutes on the 2-core VM
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PLANTED = HERE / "planted.py"
