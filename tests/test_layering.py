@@ -11,7 +11,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "horovod"
 LAYERS = {"transport": 0, "engine": 1, "common": 2,
           "numpy": 3, "torch": 3, "tensorflow": 3, "keras": 3, "_keras": 3, "mxnet": 3, "jax": 3,
-          "runner": 4, "spark": 5, "ray": 5}
+          "runner": 4, "doctor": 4, "spark": 5, "ray": 5}
 
 
 def _imports(path: pathlib.Path):

@@ -5,12 +5,14 @@ import atexit
 import importlib.util
 import logging
 import os
+import signal
 import threading
 from typing import Optional, Sequence, Union
 
 from horovod.common import mpi_abort
 from horovod.common.process_sets import ProcessSet, global_process_set, registered_process_sets
 from horovod.engine import config as _config
+from horovod.engine import flight_dump
 from horovod.engine import result_pool
 from horovod.engine import state as _state
 from horovod.engine.state import NOT_INITIALIZED  # noqa: F401  (re-exported)
@@ -96,6 +98,7 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
             _state.current = bootstrap.start(cfg, [ps.ranks for ps in static], _generation, mpi_comm)
         except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
             raise ValueError(f"Horovod initialization failed: {exc}") from exc
+        _attach_flight_recorder(_state.current, _generation)
         _generation += 1
         collectives.reset_names()
         _sets.clear()
@@ -135,6 +138,64 @@ def set_generation(generation: int) -> None:
     global _generation
     with _lock:
         _generation = int(generation)
+
+
+# -- the hang doctor's hooks (docs/debugging.md) ------------------------------------------------------------------
+
+def dump_flight_recorder(reason: str = "requested", all_ranks: bool = False) -> Optional[str]:
+    """Write this rank's hang dump (its last collectives and the stacks of all its threads) and return its path.
+
+    The directory is ``HOROVOD_FLIGHT_RECORDER_DIR`` (horovodrun: one per job); ``python -m horovod.doctor DIR``
+    reads it.  ``all_ranks=True`` also asks the launcher to have every rank dump (under horovodrun).
+
+    Raises:
+        ValueError: Horovod is not initialised.
+    """
+    rt = runtime()
+    path = flight_dump.dump(rt, reason)
+    if all_ranks:
+        flight_dump.request_all(rt, reason)
+    return path
+
+
+def _attach_flight_recorder(rt, generation: int) -> None:
+    # Elastic jobs number their dumps by epoch (every rank of an epoch agrees on it); others by init count.
+    epoch = getattr(getattr(rt, "epoch", None), "epoch", None)
+    rt.flight_generation = epoch if isinstance(epoch, int) else generation
+    flight_dump.announce(rt, _install_dump_signal())
+
+
+_signal_installed = False
+
+
+def _install_dump_signal() -> bool:
+    """SIGUSR1 makes this process dump (the launcher sends it to every rank, stuck or not).  Only where nobody
+    else handles SIGUSR1, and only from the main thread (where Python allows it).  True when it is ours."""
+    global _signal_installed
+    if not hasattr(signal, "SIGUSR1"):
+        return False
+    if _signal_installed:
+        return signal.getsignal(signal.SIGUSR1) is _on_dump_signal
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+            return False
+        signal.signal(signal.SIGUSR1, _on_dump_signal)
+        _signal_installed = True
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _on_dump_signal(signum, frame) -> None:
+    # The handler runs in the main thread between two bytecodes; the dump is taken from a thread of its own, so the
+    # main thread returns at once to where it was stuck and its stack shows that place, not this handler.
+    rt = _state.current
+    if rt is None:
+        return
+    threading.Thread(target=flight_dump.dump, args=(rt, "SIGUSR1"), name="horovod-dump", daemon=True).start()
+    flight_dump.signal_children(signum)
 
 
 def is_initialized() -> bool:

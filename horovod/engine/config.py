@@ -121,6 +121,14 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("gloo_timeout_seconds", int, 30, "HOROVOD_GLOO_TIMEOUT_SECONDS", "--gloo-timeout-seconds",
          "library_options.gloo_timeout_seconds",
          "Seconds a transport waits on a peer before the collective fails (also bounds rendezvous)."),
+    # The hang doctor (horovod/engine/flight_recorder.py, horovod/doctor; docs/debugging.md).
+    Knob("flight_recorder_size", int, 2000, "HOROVOD_FLIGHT_RECORDER_SIZE", "--flight-recorder-size",
+         None,
+         "About how many of its last collectives every rank's flight recorder keeps for hang dumps (0: off)."),
+    Knob("flight_recorder_dir", str, "", "HOROVOD_FLIGHT_RECORDER_DIR", "--flight-recorder-dir",
+         None,
+         "Directory for hang dumps (each rank's recorder and thread stacks); horovodrun makes one per job; "
+         "empty outside horovodrun: <tmp>/horovod-flight-recorder."),
     # Logging.
     Knob("log_level", str, "WARNING", "HOROVOD_LOG_LEVEL", "--log-level", "logging.level",
          "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL."),

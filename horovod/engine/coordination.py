@@ -10,7 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from horovod.engine import fusion, rounds
+from horovod.engine import flight_dump, fusion, rounds
 from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError
 from horovod.engine.messages import ControlMessage, Response
 
@@ -143,6 +143,7 @@ class Coordination:
                 "are waiting for remainder of ranks for more than %d seconds. This may indicate that different "
                 "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
                 "which will cause deadlock.\nMissing ranks:\n%s", warn_after, lines)
+            flight_dump.on_stall_warning(self.rt)   # [hang doctor]
         shutdown_after = self.rt.config.stall_shutdown_time_seconds
         if shutdown_after:
             # As the original: a shutdown time below the warning time is raised to it (warned at init).

@@ -61,6 +61,7 @@ class FastLane:
         self._stall_shutdown_s = stall_shutdown_s
         self._digests: Dict[Tuple, int] = {}
         self.fast = self.slow = 0   # how proposals were decided (diagnostics and tests)
+        self.on_stall: Optional[Callable[[], None]] = None   # [hang doctor] called with the stall warning
 
     @classmethod
     def open(cls, world, config, size: int, spin_us: float) -> Optional["FastLane"]:
@@ -143,6 +144,8 @@ class FastLane:
                 logger.warning(
                     "The allreduce '%s' has waited %.0f s for ranks %s to issue it (they are computing, or issue "
                     "different collectives, which would deadlock).", req.name, waited, self.board.missing(seq))
+                if self.on_stall is not None:
+                    self.on_stall()
             if self._stall_shutdown_s and waited >= self._stall_shutdown_s:
                 return "stalled", None
 
@@ -202,6 +205,7 @@ class LaneUse:
             if outcome != "fast":
                 return True   # the engine finished while waiting: the handle failed with it
             output = deliver_inline(entry, result, req.dtype, req.shape)
+            self.rt.recorder.lane_done(req)   # [hang doctor]
             with self.rt._lock:
                 self.rt._inflight.pop((req.process_set, req.name), None)
             entry.handle.complete(entry.index, output)

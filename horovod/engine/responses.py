@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List
 
-from horovod.engine import naming, ops
+from horovod.engine import flight_dump, naming, ops
 from horovod.engine.errors import InvalidArgumentError, MismatchError, StallError
 from horovod.engine.messages import ERROR, Response
 
@@ -29,6 +29,7 @@ class Responses:
         self.rt = rt
 
     def _execute_all(self, responses: List[Response]) -> None:
+        self.rt.recorder.negotiated()   # [hang doctor]
         for resp in responses:
             pset = self.rt.sets.get(resp.process_set)
             if resp.kind != ops.JOIN and (0, naming.JOIN_NAME) in self.rt._inflight:
@@ -59,11 +60,13 @@ class Responses:
             with self.rt._lock:
                 entries = [self.rt._inflight.get((resp.process_set, name)) for name in resp.names]
             self.rt.timeline.start(resp, entries, self.rt.executor.activity_prefix(resp))
+            self.rt.recorder.started(resp)   # [hang doctor]
             results = self.rt.executor.execute(resp, entries)
             self.rt.timeline.end(resp)
             self._complete(resp, results, entries)
 
     def _complete(self, resp: Response, results, entries=None) -> None:
+        self.rt.recorder.finished(resp)   # [hang doctor] collectives, joins and process-set changes alike
         with self.rt._lock:
             if entries is None:
                 entries = [self.rt._inflight.get((resp.process_set, name)) for name in resp.names]
@@ -74,6 +77,9 @@ class Responses:
                 entry.handle.complete(entry.index, result)
 
     def _fail_names(self, resp: Response, error: BaseException) -> None:
+        self.rt.recorder.failed(resp)   # [hang doctor] a stall error: every member dumps, the missing ranks too
+        if resp.error_kind == "stall":
+            flight_dump.dump_once(self.rt, f"stall error: {resp.error}", "stall-error")
         with self.rt._lock:
             entries = [self.rt._inflight.pop((resp.process_set, name), None) for name in resp.names]
         for entry in entries:

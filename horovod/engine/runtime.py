@@ -42,6 +42,8 @@ from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.executor import Executor
 from horovod.engine.fast_lane import FastLane, LaneUse
+from horovod.engine import flight_dump
+from horovod.engine.flight_recorder import FlightRecorder
 from horovod.engine.autotune import Autotuner
 from horovod.engine.cache import CoordinatorCache, RequestCache
 from horovod.engine.handles import Entry
@@ -126,6 +128,7 @@ class Runtime:
             self._register_set(i, ranks)
         self.executor = Executor(rank, {i: s.ranks for i, s in self.sets.items()}, self._transport_for, config)
         self.timeline = Timeline.create(config, rank, world.name)
+        self.recorder = FlightRecorder(config.flight_recorder_size)   # [hang doctor] the last collectives
         self.executor.timeline_of = lambda: self.timeline
         self._lock = threading.Lock()
         self._inflight: Dict[Tuple[int, str], Entry] = {}
@@ -174,6 +177,8 @@ class Runtime:
         self.lane_use = LaneUse(self)
         if self._warm is not None:
             self._selector.register(self._warm.board.wake_fd, selectors.EVENT_READ, "board")
+        if self._lane is not None:   # [hang doctor] a stall on the lane dumps like the coordinator's
+            self._lane.on_stall = lambda: flight_dump.on_stall_warning(self)
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
 
     # -- the parts' entry points, used across parts ------------------------------------------------------
@@ -281,6 +286,7 @@ class Runtime:
             for key, entry in zip(keys, entries):
                 self._inflight[key] = entry
                 entry.handle.driver = self.drive
+            self.recorder.enqueued(direct)   # [hang doctor]
         if lane_seq and self._settle_on_lane(lane_seq, entries[0]):
             return
         if self.size == 1:

@@ -9,6 +9,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from horovod.engine import flight_dump
 from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError, ShutdownError
 from horovod.engine.messages import ControlMessage
 from horovod.transport.sockets import PeerError
@@ -58,6 +59,8 @@ class Teardown:
                 self.rt._dead = error
         if first and isinstance(error, PeerFailureError) and error.culprit is not None:
             self._report_culprit(error)
+        if first and not isinstance(error, ShutdownError):   # [hang doctor] before pending handles fail
+            flight_dump.dump_once(self.rt, f"engine failed: {error}", "failure")
         if notify:
             failure = isinstance(error, PeerFailureError)
             message = ControlMessage(shutdown=True, failure=failure, reason=str(error))

@@ -11,6 +11,7 @@ from typing import Optional
 
 from horovod import _keras as _impl
 from horovod._keras.flavour import keras as _active_keras
+from horovod.common.basics import dump_flight_recorder  # noqa: F401,E402  (the hang doctor)
 from horovod.keras import callbacks, elastic  # noqa: F401
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.keras import (Adasum, Average, Max, Min, Product, Sum, DistributedOptimizer,  # noqa: F401

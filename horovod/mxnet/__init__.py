@@ -20,6 +20,7 @@ except Exception as _exc:   # ImportError, or numpy>=1.24 breaking mxnet's impor
                       f"environment of its own); importing mxnet failed: {type(_exc).__name__}: {_exc}") from _exc
 
 from horovod.common.exceptions import HorovodInternalError  # noqa: F401
+from horovod.common.basics import dump_flight_recorder  # noqa: F401,E402  (the hang doctor)
 from horovod.mxnet.compression import Compression  # noqa: F401
 from horovod.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters  # noqa: F401
 from horovod.mxnet.mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum,  # noqa: F401

@@ -11,6 +11,7 @@ from typing import List
 import numpy as np
 
 from horovod.common.adapter import ArrayAdapter
+from horovod.common.basics import dump_flight_recorder  # noqa: F401,E402  (the hang doctor)
 from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_built, cross_rank,  # noqa: F401
                                    cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, is_homogeneous,
                                    is_initialized, local_rank, local_size, mpi_built, mpi_enabled,

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Total number of processes to start.")
     parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                         help="Show which frameworks, controllers and tensor operations are available, and exit.")
+    parser.add_argument("--dump-flight-recorder", dest="dump_flight_recorder", type=int, metavar="LAUNCHER_PID",
+                        help="Ask the running horovodrun with this pid to collect every rank's hang dump and print "
+                             "the hang doctor's verdict (as kill -USR1 LAUNCHER_PID does), and exit.")
     parser.add_argument("--disable-cache", dest="disable_cache", action="store_true",
                         help="Check remote hosts (ssh, reachable address) on every run instead of trusting a "
                              "success from the last 60 minutes (cached in ~/.horovod).")

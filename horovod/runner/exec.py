@@ -255,7 +255,8 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
                 grace_seconds: float = DEFAULT_GRACE_SECONDS,
                 failure_details: Optional[Callable[[WorkerExit], str]] = None,
                 blamed: Optional[Callable[[], Sequence[int]]] = None,
-                blamed_grace_seconds: float = BLAMED_RANK_GRACE_SECONDS) -> List[WorkerExit]:
+                blamed_grace_seconds: float = BLAMED_RANK_GRACE_SECONDS,
+                before_stop: Optional[Callable[[WorkerExit], None]] = None) -> List[WorkerExit]:
     """Start every worker, forward its output, and wait for all of them.
 
     The first worker to exit non-zero stops the job: the others are terminated (:func:`terminate`) and
@@ -272,6 +273,8 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
             ranks are left and they do not exit within ``blamed_grace_seconds``, they are stopped and the job
             fails naming the first of them: a frozen rank whose peers caught the error and exited cleanly would
             otherwise be waited for forever.
+        before_stop: called with the first failure before the others are stopped (the hang doctor collects
+            the survivors' dumps there; bounded by its own timeout).
 
     Returns:
         Every worker's exit (all zero), ordered by rank.
@@ -323,6 +326,11 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
             logger.info("rank %s exited with %s", rank, code)
             if code != 0:
                 first_failure = exits[rank]
+                if before_stop is not None:
+                    try:
+                        before_stop(first_failure)
+                    except Exception:   # the job must still be stopped
+                        logger.warning("collecting the hang dumps failed", exc_info=True)
                 break
     finally:
         terminate(list(procs.values()), grace_seconds)

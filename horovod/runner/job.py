@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Uni
 from horovod.engine import config
 from horovod.runner import ssh
 from horovod.runner.check_cache import CheckCache
+from horovod.runner.doctor_watch import HangWatch
 from horovod.runner.exec import DEFAULT_GRACE_SECONDS, WorkerExit, WorkerSpec, run_workers
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.output import OutputSink
@@ -190,6 +191,8 @@ def run_gloo_job(settings: JobSettings, parent_env: Mapping[str, str],
             setup(server)
         command = settings.command(server.host, server.port) if callable(settings.command) else settings.command
         env = job_env(parent_env, settings, server.host, server.port, secret)
+        watch = HangWatch(server.store, env, {slot.rank: slot.hostname for slot in slots})   # the hang doctor
+        env.update(watch.env())
         specs = worker_specs(slots, command, env, settings.stdin_to_rank0)
         if plan is not None:
             for spec in specs:
@@ -200,8 +203,12 @@ def run_gloo_job(settings: JobSettings, parent_env: Mapping[str, str],
 
         def details(first: WorkerExit) -> str:
             parts = [culprit_text(first, server.store), _ssh_hint(first),
-                     failure_details(first, server.store) if failure_details else ""]
+                     failure_details(first, server.store) if failure_details else "", watch.failure_text()]
             return "\n".join(p for p in parts if p)
-        run_workers(specs, sink, settings.grace_seconds, failure_details=details,
-                    blamed=lambda: first_failures(reported_culprits(server.store)))
+        watch.start()
+        try:
+            run_workers(specs, sink, settings.grace_seconds, failure_details=details,
+                        blamed=lambda: first_failures(reported_culprits(server.store)), before_stop=watch.before_stop)
+        finally:
+            watch.stop()
         return server.store

@@ -230,6 +230,10 @@ def run_commandline(argv: Optional[Sequence[str]] = None) -> None:
     if args.check_build:
         sys.stdout.write(check_build_text())
         sys.exit(0)
+    if args.dump_flight_recorder is not None:
+        from horovod.runner.doctor_watch import request_dump   # the hang doctor
+
+        sys.exit(request_dump(args.dump_flight_recorder))
     prog = "horovodrun"
     if not args.command:
         cli.build_parser().error("no command to run; usage: horovodrun -np <n> <command> [args...]")

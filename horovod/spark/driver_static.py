@@ -21,6 +21,7 @@ import time
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
 
+from horovod.runner.doctor_watch import HangWatch
 from horovod.runner.exec import JobFailedError, WorkerExit
 from horovod.runner.hosts import HostInfo, get_host_assignments
 from horovod.runner.job import JobSettings, culprit_text, job_env
@@ -68,6 +69,7 @@ class StaticSparkJob:
         self.executable = executable or proto.TASK_PYTHON
         self.sink = OutputSink(num_proc, prefix_timestamp=prefix_timestamp, stdout=stdout, stderr=stderr)
         self._slots: List[tuple] = []
+        self._hang: Optional[HangWatch] = None   # the hang doctor's collection, once the workers are placed
         self._beats = proto.HeartbeatWatch()
 
     # -- the whole run ----------------------------------------------------------------------------------
@@ -111,6 +113,8 @@ class StaticSparkJob:
                     job.cancel()
                     job.join(10.0)
                 relay.close()
+                if self._hang is not None:
+                    self._hang.stop()
 
     # -- steps ----------------------------------------------------------------------------------------
     def _wait_for_registration(self, store, job: sd.SparkJobThread, deadline: float) -> List[str]:
@@ -133,6 +137,9 @@ class StaticSparkJob:
                                start_timeout=int(self.start_timeout))
         settings.extra_env["PYTHONPATH"] = sd.worker_pythonpath(self.env)
         base = job_env(self.env, settings, addr, port, secret)
+        self._hang = HangWatch(store, base, {slot.rank: slot.hostname for slot, _ in self._slots})
+        base.update(self._hang.env())
+        self._hang.start()
         command = [self.executable, "-m", "horovod.runner.run_task", addr, str(port)]
         logger.log(logging.INFO if self.verbose >= 2 else logging.DEBUG, "horovod.spark: %d ranks on %d hosts: %s",
                    self.num_proc, len(set(hosts)),
@@ -192,7 +199,10 @@ class StaticSparkJob:
             time.sleep(POLL_INTERVAL)
             raw = store.get((proto.EXIT_SCOPE, str(index)))
         first = WorkerExit(rank, host, int(raw) if raw is not None else 1)
-        parts = [culprit_text(first, store), tracebacks(store, rank)]
+        if self._hang is not None:   # collect the other ranks' dumps before the job is stopped
+            self._hang.before_stop(first)
+        parts = [culprit_text(first, store), tracebacks(store, rank),
+                 self._hang.failure_text() if self._hang is not None else ""]
         return JobFailedError(first, details="\n".join(p for p in parts if p))
 
     def _results(self, store) -> List[Any]:

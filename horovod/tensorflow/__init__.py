@@ -20,6 +20,7 @@ from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_
                                    init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
                                    mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
                                    size, start_timeline, stop_timeline)
+from horovod.common.basics import dump_flight_recorder  # noqa: F401,E402  (the hang doctor)
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from horovod.common.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                                          remove_process_set)

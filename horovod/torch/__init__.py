@@ -8,6 +8,7 @@ host memory).  Everything underneath is the framework-neutral engine in :mod:`ho
 from __future__ import annotations
 
 from horovod.common.exceptions import HorovodInternalError  # noqa: F401
+from horovod.common.basics import dump_flight_recorder  # noqa: F401,E402  (the hang doctor)
 from horovod.torch.compression import Compression  # noqa: F401
 from horovod.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,  # noqa: F401
                                      broadcast_parameters)

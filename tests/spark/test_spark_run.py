@@ -136,6 +136,36 @@ def test_failing_rank_fails_the_job_with_rank_and_traceback(spark, tmp_path):
     assert _wait_gone(pids, timeout=10) == []                # no stray worker
 
 
+def _stall_on_rank_one():
+    import horovod.numpy as hvd
+
+    hvd.init()
+    hvd.allreduce(np.ones(512, dtype=np.float32), name="warm")
+    if hvd.rank() == 1:
+        time.sleep(600)  # RANK ONE SLEEPS HERE
+    hvd.allreduce(np.ones(512, dtype=np.float32), name="grad")  # RANK ZERO WAITS HERE
+
+
+def test_hang_doctor_verdict_in_the_failure_message(spark, tmp_path):
+    """The stall inspector fails rank 0's allreduce; the driver collects both ranks' dumps (rank 1 sleeps) and
+    the failure message names the sleeping rank, the tensor and both lines."""
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "4",
+           "HOROVOD_FLIGHT_RECORDER_DIR": str(tmp_path / "dumps")}
+    with pytest.raises(RuntimeError) as info:
+        horovod.spark.run(_stall_on_rank_one, num_proc=2, verbose=0, env={**os.environ, **env},
+                          stdout=io.StringIO(), stderr=io.StringIO())
+    message = str(info.value)
+    lines = {marker: next(i for i, text in enumerate(open(__file__).read().splitlines(), start=1)
+                          if text.rstrip().endswith(marker)) for marker in ("# RANK ONE SLEEPS HERE",
+                                                                            "# RANK ZERO WAITS HERE")}
+    assert "Horovod doctor (2 of 2 ranks dumped" in message, message
+    # The function travels by value (cloudpickle drops its file name): the verdict names it and its lines.
+    assert (f"rank 1 never submitted allreduce 'grad' (its collective #2): it is in _stall_on_rank_one() at "
+            f"<dynamic-code>:{lines['# RANK ONE SLEEPS HERE']}") in message, message
+    assert (f"rank 0 waits in it (_stall_on_rank_one() at <dynamic-code>:{lines['# RANK ZERO WAITS HERE']})"
+            in message), message
+
+
 def test_start_timeout_when_too_few_slots(spark, monkeypatch):
     with pytest.raises(TimeoutError, match=r"^Timed out waiting for Spark tasks to start\.") as info:
         horovod.spark.run(_collectives, args=(1.0,), num_proc=5, start_timeout=3, verbose=0)

@@ -16,6 +16,7 @@ from typing import Optional
 
 from horovod import _keras as _impl
 from horovod._keras.flavour import keras as _active_keras
+from horovod.common.basics import dump_flight_recorder  # noqa: F401,E402  (the hang doctor)
 from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_built,  # noqa: F401
                                    cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                                    init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,

@@ -1,0 +1,234 @@
+"""The launcher's side of the hang doctor: one dump directory per job, collecting every rank's dump when something
+looks hung, and the verdict in the launcher's messages.
+
+- Every worker gets ``HOROVOD_FLIGHT_RECORDER_DIR`` (a fresh directory per job unless the user chose one).
+- Workers announce ``host|pid`` in the rendezvous store at ``init()``; rank 0 asks for dumps there when the stall
+  inspector warns (:mod:`horovod.engine.flight_dump`).  The watch thread sees the request and sends ``SIGUSR1`` to
+  every rank on this host — the signal reaches ranks stuck outside Horovod too — waits (bounded) until every live
+  rank wrote a dump, records what it knows of each rank (stopped, exited, running) in ``launcher.json``, and prints
+  the doctor's verdict.  ``SIGUSR1`` to the launcher does the same on demand.
+- When a worker fails, the job is stopped only after the same collection (a few seconds at most), so the failure
+  message carries the verdict and the survivors' dumps exist.
+
+Ranks on other hosts are not signalled (their own dumps on stall errors and failures still land in the directory
+when it is shared storage).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, Mapping, Optional
+
+from horovod.doctor import DumpDirectoryError, report
+from horovod.doctor.dumps import LAUNCHER_FILE
+from horovod.engine.flight_dump import STORE_SCOPE
+from horovod.runner.exec import WorkerExit
+from horovod.runner.hosts import is_local_host
+
+logger = logging.getLogger("horovod.runner")
+
+DIR_ENV = "HOROVOD_FLIGHT_RECORDER_DIR"
+#: How long the launcher waits for the ranks' dumps after asking for them.
+COLLECT_TIMEOUT_S = 5.0
+_POLL_S = 0.1
+#: Requests this soon after a collection are the same stall seen by another rank (the fast lane warns on each).
+REQUEST_QUIET_S = 10.0
+
+
+def _proc_state(pid: int) -> str:
+    """``running``, ``stopped``, ``exited`` (gone or a zombie) from /proc; ``unknown`` elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "exited"
+    except (OSError, IndexError):
+        return "unknown"
+    return {"T": "stopped", "t": "stopped", "Z": "exited", "X": "exited"}.get(state, "running")
+
+
+class HangWatch:
+    """One job's dump directory, collection and verdict (see the module docstring).
+
+    Args:
+        store: the job's rendezvous store (the launcher's in-process ``MemoryStore``).
+        worker_env: the workers' environment (a user's ``HOROVOD_FLIGHT_RECORDER_DIR`` wins).
+        hosts: rank → host name.
+    """
+
+    def __init__(self, store, worker_env: Mapping[str, str], hosts: Mapping[int, str]):
+        self.store = store
+        self.hosts = dict(hosts)
+        self._made_directory = not worker_env.get(DIR_ENV)
+        self.directory = worker_env.get(DIR_ENV) or tempfile.mkdtemp(prefix="horovod-doctor-")
+        self.exits: Dict[int, WorkerExit] = {}
+        self.verdict: str = ""
+        self._stop = threading.Event()
+        self._collect_lock = threading.Lock()
+        self._seen_request: Optional[bytes] = None
+        self._last_collect = -REQUEST_QUIET_S
+        self._thread = threading.Thread(target=self._watch, name="horovod-doctor-watch", daemon=True)
+
+    def env(self) -> Dict[str, str]:
+        return {DIR_ENV: self.directory}
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def start(self) -> "HangWatch":
+        self._thread.start()
+        if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1"):
+            try:
+                if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+                    signal.signal(signal.SIGUSR1, self._on_signal)
+            except (ValueError, OSError):
+                pass
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1"):
+            try:
+                if signal.getsignal(signal.SIGUSR1) == self._on_signal:
+                    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
+        self._thread.join(1.0)
+        if self._made_directory:
+            try:
+                os.rmdir(self.directory)   # only when empty: a job that never dumped leaves nothing behind
+            except OSError:
+                pass
+
+    def _on_signal(self, signum, frame) -> None:
+        threading.Thread(target=self.collect, args=("SIGUSR1 to the launcher",), daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(_POLL_S):
+            request = self.store.get((STORE_SCOPE, "request"))
+            if request is not None and request != self._seen_request \
+                    and time.monotonic() - self._last_collect >= REQUEST_QUIET_S:
+                self._seen_request = request
+                reason = request.decode(errors="replace").split("|", 2)[-1]
+                self.collect(f"rank 0 reported a {reason}" if "stall" in reason else reason)
+
+    # -- collection -------------------------------------------------------------------------------------------
+    def _pids(self) -> Dict[int, tuple]:
+        """rank → (host, pid, whether SIGUSR1 makes it dump), as the ranks announced them."""
+        out = {}
+        for key, raw in self.store.scope(STORE_SCOPE).items():
+            if key.startswith("pid."):
+                host, pid, handles = (raw.decode(errors="replace").split("|") + ["", "", "0"])[:3]
+                try:
+                    out[int(key[4:])] = (host, int(pid), handles == "1")
+                except ValueError:
+                    continue
+        return out
+
+    def _dumped_ranks(self) -> set:
+        ranks = set()
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return ranks
+        for name in names:
+            if name.endswith(".json") and "-rank" in name and "-child-" not in name:
+                try:
+                    ranks.add(int(name.split("-rank", 1)[1].split("-", 1)[0]))
+                except ValueError:
+                    continue
+        return ranks
+
+    def _launcher_view(self, pids: Dict[int, tuple]) -> Dict[str, dict]:
+        here = socket.gethostname()
+        view = {}
+        for rank in sorted(set(pids) | set(self.exits) | set(self.hosts)):
+            host, pid, _ = pids.get(rank, (self.hosts.get(rank, ""), None, False))
+            info = {"host": host or self.hosts.get(rank, ""), "pid": pid, "state": "unknown"}
+            if rank in self.exits:
+                code = self.exits[rank].returncode
+                info.update(state="exited", returncode=code)
+                if code is not None and code < 0:
+                    try:
+                        info["signal"] = signal.Signals(-code).name
+                    except ValueError:
+                        pass
+            elif pid is not None and (host == here or is_local_host(host)):
+                info["state"] = _proc_state(pid)
+            view[str(rank)] = info
+        return view
+
+    def collect(self, reason: str, announce: bool = True) -> str:
+        """Signal every local rank to dump, wait for the dumps (bounded), write ``launcher.json``, and return (and
+        with ``announce``, print) the verdict."""
+        with self._collect_lock:
+            began = time.monotonic()
+            pids = self._pids()
+            here = socket.gethostname()
+            local = {r: pid for r, (host, pid, ours) in pids.items() if ours and (host == here or is_local_host(host))}
+            for rank, pid in local.items():
+                if rank not in self.exits and _proc_state(pid) == "running":
+                    try:
+                        os.kill(pid, signal.SIGUSR1)
+                    except OSError:
+                        pass
+            deadline = began + COLLECT_TIMEOUT_S
+            while time.monotonic() < deadline:
+                live = {r for r, pid in local.items() if r not in self.exits and _proc_state(pid) == "running"}
+                if live <= self._dumped_ranks():
+                    break
+                time.sleep(_POLL_S)
+            try:
+                with open(os.path.join(self.directory, LAUNCHER_FILE), "w") as handle:
+                    json.dump({"reason": reason, "ranks": self._launcher_view(pids)}, handle)
+            except OSError:
+                pass
+            try:
+                lines = report(self.directory)
+            except DumpDirectoryError:
+                return ""   # nothing dumped (a job that failed before init): nothing to say
+            except (OSError, ValueError, KeyError) as exc:
+                lines = [f"Horovod doctor: no verdict ({exc!r})"]
+            took = time.monotonic() - began
+            self.verdict = "\n".join(lines + [f"  dumps: {self.directory} (collected in {took:.1f} s after "
+                                              f"{reason}); rerun: python -m horovod.doctor {self.directory}"])
+            if announce:
+                logger.warning("%s", self.verdict)
+            self._last_collect = time.monotonic()
+            return self.verdict
+
+    def before_stop(self, first: WorkerExit) -> None:
+        """A worker failed: collect before the job is stopped, so the failure message can carry the verdict."""
+        self.exits[first.rank] = first
+        self.collect(f"rank {first.rank} exited with {first.returncode}", announce=False)
+
+    def failure_text(self) -> str:
+        return self.verdict
+
+
+def request_dump(launcher_pid: int) -> int:
+    """``horovodrun --dump-flight-recorder PID``: signal a running launcher to collect (its own output shows the
+    verdict).  Refuses a pid that is not a horovodrun: SIGUSR1 would kill most other programs.  Returns the exit
+    status."""
+    try:
+        with open(f"/proc/{launcher_pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        argv = None
+    if argv is not None and not any(b"horovodrun" in a or b"horovod.runner" in a for a in argv):
+        print(f"horovodrun: error: pid {launcher_pid} is not a horovodrun ({b' '.join(argv[:3]).decode(errors='replace')}"
+              f"); pass the launcher's pid (pgrep -f horovodrun)", file=sys.stderr)
+        return 2
+    try:
+        os.kill(launcher_pid, signal.SIGUSR1)
+    except OSError as exc:
+        print(f"horovodrun: error: cannot signal pid {launcher_pid}: {exc}", file=sys.stderr)
+        return 2
+    print(f"horovodrun: asked horovodrun (pid {launcher_pid}) to collect its ranks' hang dumps; its output shows the "
+          f"verdict within {COLLECT_TIMEOUT_S:.0f} s")
+    return 0
