@@ -38,8 +38,6 @@ _collectives.export(globals())   # init, shutdown, poll, synchronize and the *_a
 
 def _check_has_gpu() -> bool:
     """Whether collectives can run on GPU memory directly: CUDA is usable and NCCL loads."""
-    from horovod.common.basics import nccl_built
-
     return torch.cuda.is_available() and nccl_built() > 0
 
 

@@ -1,4 +1,5 @@
-"""The TCP mesh under :mod:`horovod.transport.tcp`: one connection per pair of ranks, and the event loop that runs plans.
+"""The TCP mesh under :mod:`horovod.transport.tcp`: one connection per pair of ranks, and the event loop that
+runs plans.
 
 A collective is compiled into a :class:`Plan`: per peer :class:`Channel`, an ordered list of sends and receives
 (a receive may reduce into a buffer as it arrives, a send may wait for a receive to finish). :meth:`Mesh.run`
