@@ -245,7 +245,7 @@ class TransportOptions:
         """
         if value is None:
             return cls()
-        if isinstance(value, cls):
+        if isinstance(value, TransportOptions):
             return value
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(value) - known)

@@ -44,7 +44,7 @@ class ShmRoundBoard:
         self._views = [np.frombuffer(m, dtype=np.uint64, count=n, offset=off) for m in group.segment_maps()]
         # Each record as a view: [round, words...] for parity 0 and 1.
         self._records = [[v[RECORDS + k * _RECORD:RECORDS + (k + 1) * _RECORD] for k in (0, 1)] for v in self._views]
-        self._own = self._views[self.rank]
+        self._own: Optional[np.ndarray] = self._views[self.rank]   # None once released
         self._peers = [q for q in range(self.size) if q != self.rank]
         self.wake_fd = group._node.wake_r
 
@@ -90,7 +90,9 @@ class ShmRoundBoard:
     # -- state -------------------------------------------------------------------------------------------------
 
     def set_waiting(self, waiting: bool) -> None:
-        self._own[WAITING] = 1 if waiting else 0
+        own = self._own
+        assert own is not None, "round board used after release()"
+        own[WAITING] = 1 if waiting else 0
 
     @property
     def closed(self) -> bool:
