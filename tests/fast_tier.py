@@ -37,6 +37,7 @@ FAST_TIER = (
     "tests/test_install_docs.py",
     "tests/test_framework_rules.py",
     "tests/test_fast_tier.py",
+    "tests/test_public_names.py",
 )
 
 

@@ -155,11 +155,6 @@ class HandleCollectives:
     init = staticmethod(init)
     shutdown = staticmethod(shutdown)
 
-    def export(self, namespace: dict) -> None:
-        """Make :data:`MODULE_FUNCTIONS` functions of the binding module whose ``globals()`` is ``namespace``."""
-        for name in MODULE_FUNCTIONS:
-            namespace[name] = getattr(self, name)
-
     # -- lifecycle and handles -------------------------------------------------------------------------------
     def poll(self, handle: int) -> bool:
         """True once the operation behind ``handle`` has completed; :func:`synchronize` will then not block.
