@@ -33,6 +33,7 @@ FAST_TIER = (
     "tests/runner/test_runner_api.py::test_value_errors",
     # docs and layering: imports point down, documented commands and names are real
     "tests/test_layering.py",
+    "tests/test_module_size.py",
     "tests/test_docs.py",
     "tests/test_install_docs.py",
     "tests/test_framework_rules.py",
