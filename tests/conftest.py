@@ -1,8 +1,85 @@
-"""Make the shared test helpers (tests/multiproc.py) importable from every test folder."""
+"""Make the shared test helpers (tests/multiproc.py) importable from every test folder, and keep the test folders
+named like frameworks (tests/torch, tests/ray, tests/jax, ...) from standing in for those frameworks."""
+import importlib.util
 import os
 import sys
+
+import pytest
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 if _TESTS not in sys.path:
     # Appended, not prepended: tests/torch etc. must never shadow the real frameworks.
     sys.path.append(_TESTS)
+
+
+class _FoldersHidden:
+    """The finder of the tests/ path entry, minus the test folders that are not packages.
+
+    pytest puts tests/ on ``sys.path`` itself (this conftest's folder), so where a framework is not installed,
+    ``import torch`` found the folder tests/torch as a namespace package: ``pytest.importorskip("torch")`` passed,
+    ``importlib.util.find_spec`` said installed, and libraries probing ``sys.modules["torch"]`` (scipy, through
+    scikit-learn) failed on it.  Hidden here, the name resolves to an installed package or to nothing.
+    """
+
+    def __init__(self, inner, hidden):
+        self.inner, self.hidden = inner, hidden
+
+    def find_spec(self, fullname, target=None):
+        if fullname in self.hidden:
+            return None
+        return self.inner.find_spec(fullname, target)
+
+    def invalidate_caches(self):
+        self.inner.invalidate_caches()
+
+
+def _tests_path_hook(entry):
+    """``sys.path_hooks`` entry: wrap the ordinary finder of tests/ (and decline every other path entry)."""
+    if os.path.abspath(entry or os.curdir) != _TESTS:
+        raise ImportError("not the tests folder")
+    hidden = frozenset(d for d in os.listdir(_TESTS) if os.path.isdir(os.path.join(_TESTS, d))
+                       and not os.path.exists(os.path.join(_TESTS, d, "__init__.py")))
+    for hook in sys.path_hooks:
+        if hook is not _tests_path_hook:
+            try:
+                return _FoldersHidden(hook(entry), hidden)
+            except ImportError:
+                continue
+    raise ImportError("no finder for the tests folder")
+
+
+if _tests_path_hook.__qualname__ not in [getattr(h, "__qualname__", None) for h in sys.path_hooks]:
+    sys.path_hooks.insert(0, _tests_path_hook)
+    for _entry in list(sys.path_importer_cache):   # drop finders made before the hook (pytest's own import)
+        if os.path.abspath(_entry or os.curdir) == _TESTS:
+            del sys.path_importer_cache[_entry]
+
+
+# Folders whose every test drives a framework: where it is not installed, each test there is skipped, with the
+# reason (most of them import the framework only inside their rank workers, so nothing else would skip them).
+_FOLDER_NEEDS = {
+    "torch": ("torch",),
+    "tensorflow": ("tensorflow",),
+    "keras": ("tensorflow",),
+    "jax": ("jax", "optax"),
+    "mxnet": ("mxnet",),
+    "ray": ("ray",),
+}
+
+
+def _missing(modules):
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def pytest_collection_modifyitems(config, items):
+    from fast_tier import FAST_TIER, selects
+
+    missing = {folder: _missing(needs) for folder, needs in _FOLDER_NEEDS.items()}
+    for item in items:
+        if any(selects(entry, item.nodeid) for entry in FAST_TIER):   # node ids are relative to the repo root
+            item.add_marker(pytest.mark.fast)
+        rel = os.path.relpath(str(item.path), _TESTS).split(os.sep)
+        lacking = missing.get(rel[0]) if len(rel) > 1 else None
+        if lacking:
+            item.add_marker(pytest.mark.skip(reason=f"tests/{rel[0]} needs {', '.join(lacking)} (not installed; "
+                                                    f"pip install 'horovod-next[{rel[0]}]')"))

@@ -1,4 +1,5 @@
-"""Imports point down the layers drawn in docs/architecture.md: transport → engine → common → bindings → runner → launch engines (spark, ray).
+"""Imports point down the layers drawn in docs/architecture.md: transport → engine → common → bindings → runner →
+launch engines (spark, ray).
 
 Walks the AST of every module under ``horovod/`` (top-level and function-level imports alike) and fails on any
 import of a higher layer, naming the file and line.

@@ -54,7 +54,7 @@ def train(epochs: int, lr: float, batch_size: int, elastic: bool = False, seed: 
     x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
     y = torch.tensor(digits.target, dtype=torch.int64)
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=seed)
-    train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
+    train_set = TensorDataset(x_train, y_train)
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9)
@@ -107,7 +107,8 @@ def train(epochs: int, lr: float, batch_size: int, elastic: bool = False, seed: 
 
     @hvd.elastic.run
     def fit(state):
-        for state.epoch in range(state.epoch, epochs):
+        for epoch in range(state.epoch, epochs):
+            state.epoch = epoch
             state.losses = state.losses + [one_epoch(state.sampler, state.epoch)]
             state.sampler.set_epoch(state.epoch + 1)
             state.commit()

@@ -7,7 +7,8 @@ import logging
 import os
 import signal
 import threading
-from typing import Optional, Sequence, Union
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
 
 from horovod.common import mpi_abort
 from horovod.common.process_sets import ProcessSet, global_process_set, registered_process_sets
@@ -17,6 +18,9 @@ from horovod.engine import result_pool
 from horovod.engine import state as _state
 from horovod.engine.state import NOT_INITIALIZED  # noqa: F401  (re-exported)
 from horovod.engine.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:
+    from horovod.engine.runtime import Runtime
 
 logger = logging.getLogger("horovod")
 
@@ -58,10 +62,11 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
     """
     global _generation, _atexit_registered
     with _lock:
-        if _state.current is not None and _state.current.alive:
+        current = _running()
+        if current is not None and current.alive:
             return
-        if _state.current is not None:
-            _state.current.shutdown()
+        if current is not None:
+            current.shutdown()
             _state.current = None
         if isinstance(process_sets, str):
             if process_sets != "dynamic":
@@ -76,15 +81,18 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
             if tuple(ps.ranks) in seen:
                 raise ValueError(f"Duplicate process set ranks {ps.ranks} passed to hvd.init().")
             seen.add(tuple(ps.ranks))
-        mpi_comm = None
+        mpi_comm: Any = None   # an mpi4py communicator (mpi4py is optional, so untyped)
         if comm is not None and hasattr(comm, "Get_rank"):
             mpi_comm = comm
         elif comm is not None:
-            ranks = sorted(int(r) for r in comm)
+            if not isinstance(comm, Iterable):
+                raise ValueError(f"hvd.init(comm={comm!r}): expected an mpi4py communicator or a list of ranks")
+            given = list(comm)
+            ranks = sorted(int(r) for r in given)
             cfg0 = _config.load()
             if ranks != list(range(cfg0.topology.size)):
-                raise ValueError(f"hvd.init(comm={list(comm)}): a rank subset as the world is not supported by "
-                                 f"this engine; use process sets (hvd.ProcessSet({list(comm)})) instead.")
+                raise ValueError(f"hvd.init(comm={given}): a rank subset as the world is not supported by "
+                                 f"this engine; use process sets (hvd.ProcessSet({given})) instead.")
         cfg = _config.load()
         _configure_logging(cfg)
         size = cfg.topology.size if mpi_comm is None else mpi_comm.Get_size()
@@ -95,14 +103,15 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
         from horovod.engine import bootstrap, collectives
 
         try:
-            _state.current = bootstrap.start(cfg, [ps.ranks for ps in static], _generation, mpi_comm)
+            started = bootstrap.start(cfg, [ps.ranks for ps in static], _generation, mpi_comm)
+            _state.current = started
         except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
             raise ValueError(f"Horovod initialization failed: {exc}") from exc
         _attach_flight_recorder(_state.current, _generation)
         _generation += 1
         collectives.reset_names()
         _sets.clear()
-        global_process_set.ranks = list(range(_state.current.size))
+        global_process_set.ranks = list(range(started.size))
         _sets[0] = global_process_set
         for i, ps in enumerate(static, start=1):
             ps.process_set_id = i
@@ -118,9 +127,10 @@ def init(comm: Optional[Union[Sequence[int], object]] = None,
 def shutdown() -> None:
     """Stop the engine; pending collectives fail.  ``init()`` may be called again afterwards."""
     with _lock:
-        if _state.current is None:
+        runtime = _running()
+        if runtime is None:
             return
-        runtime, _state.current = _state.current, None
+        _state.current = None
         for ps in list(_sets.values()):
             if ps.process_set_id not in (0, None):
                 ps._invalidate()
@@ -211,6 +221,11 @@ def _new_lock_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_new_lock_in_forked_child)
 
 
+def _running() -> Optional[Runtime]:
+    """The running engine or None, typed (``engine.state`` holds it as ``object`` to avoid importing the runtime)."""
+    return cast("Optional[Runtime]", _state.current)
+
+
 def runtime():
     """The running engine.
 
@@ -281,7 +296,8 @@ def mpi_threads_supported() -> bool:
 
 def mpi_enabled() -> bool:
     """True when collectives run over MPI."""
-    return _state.current is not None and _state.current.transport_name == "mpi"
+    current = _running()
+    return current is not None and current.transport_name == "mpi"
 
 
 def mpi_built() -> bool:
@@ -291,7 +307,8 @@ def mpi_built() -> bool:
 
 def gloo_enabled() -> bool:
     """True when the built-in transports (the Gloo role of the original) are in use."""
-    return _state.current is not None and _state.current.transport_name != "mpi"
+    current = _running()
+    return current is not None and current.transport_name != "mpi"
 
 
 def gloo_built() -> bool:

@@ -24,6 +24,12 @@ from horovod.engine.handles import Handle, HandleTable
 Pending = Tuple[Handle, Callable[[Any], Any]]
 
 
+def _dtypes(views: Sequence[Any]) -> Optional[Sequence[str]]:
+    """:func:`overrides` for the engine's ``dtypes=``: annotated ``Sequence[str]`` there, it takes None entries
+    (no override for that tensor) too. The ignore goes once the engine's annotation is widened."""
+    return overrides(views)  # type: ignore[return-value]
+
+
 def complete(pending: Pending) -> Any:
     """Wait for ``(handle, finish)`` and return the binding's result (failures as ``collective_error`` says)."""
     handle, finish = pending
@@ -41,7 +47,7 @@ def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
         outputs = [adapter.fresh_output(v) for v in views]
     handle = collectives.allreduce_async([v.array for v in views], names, op=op, prescale=prescale,
                                          postscale=postscale, process_set=set_id, outputs=outputs,
-                                         dtypes=overrides(views), grouped=grouped)
+                                         dtypes=_dtypes(views), grouped=grouped)
     if inplace:
         def finish(_raw):
             out = [adapter.finish_inplace(v) for v in views]
@@ -65,7 +71,7 @@ def allgather(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
               grouped: bool) -> Pending:
     views = [adapter.view(t) for t in tensors]
     handle = collectives.allgather_async([v.array for v in views], names, process_set=set_id,
-                                         dtypes=overrides(views), grouped=grouped)
+                                         dtypes=_dtypes(views), grouped=grouped)
     return handle, _new_results(adapter, views, grouped)
 
 
@@ -73,7 +79,7 @@ def reducescatter(adapter: TensorAdapter, tensors: Sequence[Any], names: List[st
                   postscale: float, set_id: int, grouped: bool) -> Pending:
     views = [adapter.view(t) for t in tensors]
     handle = collectives.reducescatter_async([v.array for v in views], names, op=op, prescale=prescale,
-                                             postscale=postscale, process_set=set_id, dtypes=overrides(views),
+                                             postscale=postscale, process_set=set_id, dtypes=_dtypes(views),
                                              grouped=grouped)
     return handle, _new_results(adapter, views, grouped)
 
@@ -83,7 +89,7 @@ def broadcast(adapter: TensorAdapter, tensor: Any, name: str, root_rank: int, se
     view = adapter.inplace_view(tensor) if inplace else adapter.view(tensor)
     output = view.array if inplace else adapter.fresh_output(view)
     handle = collectives.broadcast_async([view.array], [name], root_rank, process_set=set_id, outputs=[output],
-                                         dtypes=overrides([view]))
+                                         dtypes=_dtypes([view]))
     if inplace:
         return handle, lambda _raw: adapter.finish_inplace(view)
     return handle, lambda _raw: adapter.result(output, view)
@@ -148,11 +154,6 @@ class HandleCollectives:
 
     init = staticmethod(init)
     shutdown = staticmethod(shutdown)
-
-    def export(self, namespace: dict) -> None:
-        """Make :data:`MODULE_FUNCTIONS` functions of the binding module whose ``globals()`` is ``namespace``."""
-        for name in MODULE_FUNCTIONS:
-            namespace[name] = getattr(self, name)
 
     # -- lifecycle and handles -------------------------------------------------------------------------------
     def poll(self, handle: int) -> bool:

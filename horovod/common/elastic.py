@@ -119,11 +119,12 @@ _JOIN_RETRIES = 3
 
 def _cause(exc: BaseException, kind: Type[BaseException]) -> Optional[BaseException]:
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, kind):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
+    link: Optional[BaseException] = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, kind):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
     return None
 
 

@@ -7,7 +7,7 @@ the same on every rank because it depends only on the argument and the order of 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Hashable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Union
 
 from horovod.common.util import split_list
 
@@ -62,15 +62,15 @@ def partition(count: int, groups: GroupsArg = None, keys: Optional[Sequence[Hash
     if keys is None:
         raise ValueError("partition with explicit variable groups needs one key per gradient.")
     key_of = key_of or id
-    where = {}
+    where: Dict[Any, int] = {}   # variable key -> its group
     for gi, members in enumerate(groups):
         for var in members:
             where.setdefault(key_of(var), gi)
     buckets: List[List[int]] = [[] for _ in groups]
     rest: List[int] = []
     for i, key in enumerate(keys):
-        gi = where.get(key)
-        (buckets[gi] if gi is not None else rest).append(i)
+        g = where.get(key)
+        (buckets[g] if g is not None else rest).append(i)
     out = [b for b in buckets if b]
     if rest:
         out.append(rest)

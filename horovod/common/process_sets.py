@@ -6,7 +6,8 @@ when ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` or ``init(process_sets="dynamic")``.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Union
+from collections.abc import Iterable
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from horovod.engine import ops
 from horovod.engine import state as _state
@@ -26,14 +27,17 @@ class ProcessSet:
 
     def __init__(self, ranks_or_comm: Union[Sequence[int], object]):
         self.process_set_id: Optional[int] = None
-        self.mpi_comm = None
+        self.mpi_comm: Any = None   # an mpi4py communicator (mpi4py is optional, so untyped)
         if hasattr(ranks_or_comm, "Get_group"):
             self.mpi_comm = ranks_or_comm
             self.ranks: List[int] = _world_ranks_of(ranks_or_comm)
         else:
-            self.ranks = sorted(int(r) for r in ranks_or_comm)
+            if not isinstance(ranks_or_comm, Iterable):
+                raise TypeError(f"ProcessSet takes a list of ranks or an mpi4py communicator, got {ranks_or_comm!r}")
+            given = list(ranks_or_comm)
+            self.ranks = sorted(int(r) for r in given)
             if len(set(self.ranks)) != len(self.ranks):
-                raise ValueError(f"ProcessSet ranks must be unique, got {list(ranks_or_comm)}")
+                raise ValueError(f"ProcessSet ranks must be unique, got {given}")
 
     def _invalidate(self) -> None:
         self.process_set_id = None
@@ -146,6 +150,7 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
     from horovod.engine import collectives
 
     set_id = collectives.process_set_change(ops.ADD_PROCESS_SET, list(process_set.ranks))
+    assert isinstance(set_id, int)   # adding answers the new id (removing answers whether it existed)
     process_set.process_set_id = set_id
     registered_process_sets()[set_id] = process_set
     return process_set

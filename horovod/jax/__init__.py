@@ -53,6 +53,20 @@ from horovod.jax.mpi_ops import (allgather, allgather_async, allreduce, allreduc
 from horovod.jax.optimizer import DistributedOptimizer, DistributedState  # noqa: F401
 from horovod.jax.tree import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 
+# The public API, listed for `import *`, IDEs and mypy (tests/test_public_names.py holds it to the record).
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedState", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
+    "allgather_async", "allgather_object", "allreduce", "allreduce_async", "alltoall", "alltoall_async", "barrier",
+    "broadcast", "broadcast_async", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
+    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
+    "stop_timeline", "synchronize"
+]
+
 
 def __getattr__(name: str):
     if name in _INPLACE:

@@ -28,13 +28,23 @@ from horovod.jax.adapter import JaxAdapter, after_jitted_collectives, as_jax, is
 from horovod.jax.compression import Compression
 
 _collectives = HandleCollectives(JaxAdapter(), __name__)
-_collectives.export(globals())   # init, poll, synchronize and the *_async forms (shutdown, join, barrier below)
+# Its public functions are the shared object's bound methods, less the in-place forms (JAX arrays are immutable;
+# shutdown, join and barrier are defined below), spelled out so that IDEs, mypy and readers see them.
+init = _collectives.init
+poll = _collectives.poll
+synchronize = _collectives.synchronize
+allreduce_async = _collectives.allreduce_async
+grouped_allreduce_async = _collectives.grouped_allreduce_async
+allgather_async = _collectives.allgather_async
+grouped_allgather_async = _collectives.grouped_allgather_async
+broadcast_async = _collectives.broadcast_async
+alltoall_async = _collectives.alltoall_async
+reducescatter_async = _collectives.reducescatter_async
+grouped_reducescatter_async = _collectives.grouped_reducescatter_async
 
 #: In-place forms of the other bindings: JAX arrays cannot be written into (``horovod.jax.__getattr__`` says so).
 INPLACE = ("allreduce_async_", "allreduce_", "grouped_allreduce_async_", "grouped_allreduce_", "broadcast_async_",
            "broadcast_")
-for _name in INPLACE:
-    del globals()[_name]
 
 
 def _is_tensor(value: Any) -> bool:

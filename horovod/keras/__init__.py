@@ -23,6 +23,17 @@ from horovod.tensorflow.keras import (Adasum, Average, Max, Min, Product, Sum, D
                                       nccl_built, rank, reducescatter, remove_process_set, rocm_built, shutdown,
                                       size, start_timeline, stop_timeline)
 
+# The public API, listed for `import *`, IDEs and mypy (tests/test_public_names.py holds it to the record).
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "PartialDistributedOptimizer",
+    "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allreduce", "broadcast",
+    "broadcast_global_variables", "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
+    "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "init",
+    "is_homogeneous", "is_initialized", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown",
+    "size", "start_timeline", "stop_timeline"
+]
+
 
 def allreduce(value, name: Optional[str] = None, average=True, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, op=None, compression=Compression.none):

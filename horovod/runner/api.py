@@ -8,6 +8,7 @@ with the original); functions defined in ``__main__`` travel by value.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -26,7 +27,7 @@ from horovod.transport.rendezvous import MemoryStore, RendezvousServer
 from horovod.runner.run_task import FUNC_KEY, FUNC_SCOPE, results_by_rank, tracebacks
 
 
-class _HorovodArgs:
+class _HorovodArgs(argparse.Namespace):
     """Every ``horovodrun`` dest as an attribute, at its command-line default (``num_proc`` = 1).
 
     Built for :func:`run` and for tests that drive the launcher without a command line.
@@ -35,9 +36,9 @@ class _HorovodArgs:
     def __init__(self) -> None:
         for name, value in cli.defaults().items():
             setattr(self, name, value)
-        self.num_proc = 1
-        self.run_func = None
-        self.executable = None
+        self.num_proc: Optional[int] = 1
+        self.run_func: Optional[Callable[..., Any]] = None
+        self.executable: Optional[str] = None
 
     def __repr__(self) -> str:
         return f"_HorovodArgs({', '.join(f'{k}={v!r}' for k, v in sorted(vars(self).items()))})"
@@ -123,7 +124,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
     hargs.use_gloo, hargs.use_mpi = use_gloo, use_mpi
     hargs.mpi_args = mpi_args
     hargs.nics = parse_nics(network_interfaces)
-    hargs.executable = executable or sys.executable
+    python = hargs.executable = executable or sys.executable
     hargs.run_func = func
 
     if verbose:
@@ -145,7 +146,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
         return run_elastic_function(hargs, payload, parent_env, {"PYTHONPATH": pythonpath})
 
     def command(addr: str, port: int) -> List[str]:
-        return [hargs.executable, "-m", "horovod.runner.run_task", addr, str(port)]
+        return [python, "-m", "horovod.runner.run_task", addr, str(port)]
 
     def publish(server: RendezvousServer) -> None:
         server.store.put((FUNC_SCOPE, FUNC_KEY), payload)

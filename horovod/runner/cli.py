@@ -109,22 +109,25 @@ def _shown_default(knob: config.Knob) -> Any:
 
 def _add_knob(parser: argparse.ArgumentParser, groups: Dict[str, argparse._ArgumentGroup],
               knob: config.Knob) -> None:
+    flag = knob.flag
+    if flag is None:
+        raise ValueError(f"knob {knob.name!r} has no command-line flag")   # flag_knobs() passes only those that do
     section = (knob.config_key or "other").split(".")[0]
     group = groups.get(section) or groups["other"]
     dest = knob_dest(knob)
     if knob.type is bool:
         pair = group.add_mutually_exclusive_group()
         if knob.inverted:
-            pair.add_argument(knob.flag, *knob.aliases, dest=dest, action=_Tracked, const=False, default=None,
+            pair.add_argument(flag, *knob.aliases, dest=dest, action=_Tracked, const=False, default=None,
                               help=knob.help)
-            pair.add_argument(_positive_flag(knob.flag), dest=dest, action=_Tracked, const=True, default=None,
+            pair.add_argument(_positive_flag(flag), dest=dest, action=_Tracked, const=True, default=None,
                               help=argparse.SUPPRESS)
         else:
-            pair.add_argument(knob.flag, *knob.aliases, dest=dest, action=_Tracked, const=True, default=None,
+            pair.add_argument(flag, *knob.aliases, dest=dest, action=_Tracked, const=True, default=None,
                               help=knob.help)
             if knob.negatable:
-                pair.add_argument("--no-" + knob.flag[2:], dest=dest, action=_Tracked, const=False, default=None,
-                                  help=f"Explicitly turn {knob.flag} off.")
+                pair.add_argument("--no-" + flag[2:], dest=dest, action=_Tracked, const=False, default=None,
+                                  help=f"Explicitly turn {flag} off.")
         return
     if knob.inverted:
         raise ValueError(f"knob {knob.name!r}: only boolean knobs can be inverted")
@@ -133,7 +136,7 @@ def _add_knob(parser: argparse.ArgumentParser, groups: Dict[str, argparse._Argum
         kwargs = {"type": _log_level, "choices": list(_CHOICES[knob.name])}
     default = _shown_default(knob)
     shown = f" (default: {default})" if default not in ("", None) else ""
-    group.add_argument(knob.flag, *knob.aliases, dest=dest, action=_Tracked, default=None,
+    group.add_argument(flag, *knob.aliases, dest=dest, action=_Tracked, default=None,
                        help=knob.help + shown, **kwargs)
 
 

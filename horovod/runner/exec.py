@@ -87,7 +87,7 @@ class JobFailedError(RuntimeError):
         if details:
             message += "\n" + details
         super().__init__(message)
-        self.first = first
+        self.first: Optional[WorkerExit] = first   # subclasses for whole-job failures may have no first worker
         self.exits = list(exits)
 
 
@@ -311,6 +311,7 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
             try:
                 rank, code = events.get(timeout=1.0 if exits and blamed is not None else None)
             except queue.Empty:
+                assert blamed is not None   # the wait above has a timeout only when it is set
                 frozen = _stuck_blamed(set(procs) - set(exits), blamed)
                 if not frozen:
                     left_blamed_since = None

@@ -131,7 +131,8 @@ def culprit_text(first: WorkerExit, store: MemoryStore) -> str:
     return "\n".join(lines)
 
 
-def job_env(parent_env: Mapping[str, str], settings: JobSettings, addr: str, port: int, secret: bytes) -> Dict[str, str]:
+def job_env(parent_env: Mapping[str, str], settings: JobSettings, addr: str, port: int,
+            secret: bytes) -> Dict[str, str]:
     """The environment shared by every worker of the job (per-slot variables come on top)."""
     env = {k: v for k, v in parent_env.items() if k != config.SECRET_ENV}
     env.update(settings.knob_env)

@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, NoReturn, Optional, Sequence
 
 from horovod.runner import cli, config_file
 from horovod.runner.cli import DEFAULT_START_TIMEOUT, start_timeout  # noqa: F401  (part of this module's API)
@@ -103,7 +103,7 @@ def launch_mode(args: Any, mpi_installed: Optional[Callable[[], bool]] = None) -
     return "gloo"
 
 
-def _not_available(mode: str, args: Any) -> None:
+def _not_available(mode: str, args: Any) -> NoReturn:
     if mode == "elastic":
         given = ", ".join(cli.option_for(d) for d in cli.elastic_requested(args))
         raise LaunchNotAvailableError(

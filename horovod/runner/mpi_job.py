@@ -322,8 +322,13 @@ def run_mpi_job(settings: JobSettings, parent_env: Mapping[str, str],
             server = RendezvousServer(secret, host=bind).start()
             setup(server)
             env[config.SECRET_ENV] = secret.hex()   # reaches the ranks by -x NAME: never on a command line
-        command = (settings.command(server.host, server.port) if callable(settings.command) and server is not None
-                   else settings.command)
+        given = settings.command
+        if callable(given):
+            if server is None:
+                raise ValueError("a command built from the rendezvous address needs a setup that starts one")
+            command = given(server.host, server.port)
+        else:
+            command = given
         _check_command(command)
         hosts = [(h.hostname, h.slots) for h in settings.hosts]
         if impl.name == mpi_run.INTEL and len({s for _, s in hosts}) > 1:

@@ -227,7 +227,9 @@ def _launcher_env() -> Dict[str, str]:
 
 def start_ssh(spec: WorkerSpec) -> subprocess.Popen:
     """Starter for remote hosts: run ``spec`` over ssh, the secret on ssh's standard input (never on argv)."""
-    settings = spec.extra.get("ssh") or SshSettings()
+    settings = spec.extra.get("ssh")
+    if not isinstance(settings, SshSettings):   # (None where the job gave no ssh settings)
+        settings = SshSettings()
     secret = spec.env.get(config.SECRET_ENV, "")
     argv = settings.argv(spec.hostname) + [remote_command(spec.cwd or os.getcwd(), remote_env(spec.env),
                                                           spec.command)]
@@ -238,6 +240,7 @@ def start_ssh(spec: WorkerSpec) -> subprocess.Popen:
     except FileNotFoundError:
         raise WorkerStartError(f"cannot start rank {spec.rank} on {spec.hostname}: the ssh client ('ssh') is not "
                                f"installed or not on PATH", exit_code=127) from None
+    assert proc.stdin is not None   # stdin=PIPE
     try:
         proc.stdin.write(secret.encode() + b"\n")
         proc.stdin.flush()

@@ -31,7 +31,8 @@ SPARK_CONF_REUSE_EXECUTOR_ONCE_FOR_SAME_TASK = ("spark.blacklist.task.maxTaskAtt
 SPARK_CONF_DONT_REUSE_EXECUTOR_FOR_SAME_TASK = ("spark.blacklist.task.maxTaskAttemptsPerExecutor", "1")
 
 # ... and on the node where it failed.
-SPARK_CONF_REUSE_NODE_ALWAYS_FOR_SAME_TASK = ("spark.blacklist.task.maxTaskAttemptsPerNode", SPARK_CONF_MAX_INT_MINUS_ONE)
+SPARK_CONF_REUSE_NODE_ALWAYS_FOR_SAME_TASK = ("spark.blacklist.task.maxTaskAttemptsPerNode",
+                                              SPARK_CONF_MAX_INT_MINUS_ONE)
 SPARK_CONF_REUSE_NODE_ONCE_FOR_SAME_TASK = ("spark.blacklist.task.maxTaskAttemptsPerNode", "2")
 SPARK_CONF_DONT_REUSE_NODE_FOR_SAME_TASK = ("spark.blacklist.task.maxTaskAttemptsPerNode", "1")
 

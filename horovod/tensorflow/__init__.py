@@ -44,6 +44,23 @@ from horovod.tensorflow.reduction import (allreduce, grouped_allreduce, grouped_
 from horovod.tensorflow.util import (_cache, _executing_eagerly, _make_subgraph, gpu_available,  # noqa: F401
                                      refs_to_vars, vars_to_refs)
 
+# The public API, listed for `import *`, IDEs and mypy (tests/test_public_names.py holds it to the record).
+__all__ = [
+    "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape",
+    "DistributedOptimizer", "HorovodFailedPreconditionError", "HorovodInternalError", "HorovodInvalidArgumentError",
+    "HorovodNotInitializedError", "HostsUpdatedInterrupt", "LocalGradientAggregationHelper", "Max", "Min",
+    "PartialDistributedGradientTape", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
+    "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_", "broadcast_global_variables",
+    "broadcast_object", "broadcast_object_fn", "broadcast_variables", "ccl_built", "check_num_rank_power_of_2",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "gpu_available", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
+    "handle_average_backwards_compatibility", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
+    "local_rank_op", "local_size", "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "num_rank_is_power_2", "process_set_included_op", "rank", "rank_op", "reducescatter", "refs_to_vars",
+    "remove_process_set", "rocm_built", "shutdown", "size", "size_op", "split_list", "start_timeline",
+    "stop_timeline", "vars_to_refs"
+]
+
 
 def check_num_rank_power_of_2(num_rank: int) -> bool:
     """True when ``num_rank`` is a power of two (Adasum needs it)."""

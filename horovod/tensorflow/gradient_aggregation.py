@@ -2,8 +2,8 @@
 
 Gradients are summed into per-variable accumulators on every step; every ``backward_passes_per_step``-th step
 the sums (averaged over the passes if ``average_aggregated_gradients``) are reduced across ranks, applied, and
-the accumulators and the pass counter reset.  On the other steps nothing is communicated and the optimizer's iteration counter (or
-the TF1 ``global_step``) still advances, as in the original.
+the accumulators and the pass counter reset.  On the other steps nothing is communicated and the optimizer's
+iteration counter (or the TF1 ``global_step``) still advances, as in the original.
 
 Works eagerly, inside ``tf.function`` and in TF1 graphs: the decision is a ``tf.cond`` on a step counter
 variable, and every side effect a branch needs is tied to the branch's output, so TF1 graphs (no automatic

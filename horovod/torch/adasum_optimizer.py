@@ -67,7 +67,7 @@ class _DistributedAdasumOptimizer(_HorovodOptimizerBase):
             if entry is None or entry[0] is None:
                 self._handles[p] = self._allreduce_grad_async(p)
         try:
-            for p, (handle, (ctx, compressed)) in list(self._handles.items()):
+            for p, (handle, (ctx, _compressed)) in list(self._handles.items()):
                 delta = self._compression.decompress(synchronize(handle), ctx)
                 start = self._starting_models[p]
                 with torch.no_grad():

@@ -33,13 +33,32 @@ from horovod.torch.staging import TorchAdapter
 # tensors become engine arrays (TorchAdapter).  Its public functions are the shared object's bound methods.
 _collectives = HandleCollectives(TorchAdapter(), __name__)
 
-_collectives.export(globals())   # init, shutdown, poll, synchronize and the *_async forms
+# Its public functions are the shared object's bound methods (MODULE_FUNCTIONS; tests/test_public_names.py checks
+# that this list is complete), spelled out so that IDEs, mypy and readers see them.
+init = _collectives.init
+shutdown = _collectives.shutdown
+poll = _collectives.poll
+synchronize = _collectives.synchronize
+allreduce_async = _collectives.allreduce_async
+allreduce_async_ = _collectives.allreduce_async_
+allreduce_ = _collectives.allreduce_
+grouped_allreduce_async = _collectives.grouped_allreduce_async
+grouped_allreduce_async_ = _collectives.grouped_allreduce_async_
+grouped_allreduce_ = _collectives.grouped_allreduce_
+allgather_async = _collectives.allgather_async
+grouped_allgather_async = _collectives.grouped_allgather_async
+broadcast_async = _collectives.broadcast_async
+broadcast_async_ = _collectives.broadcast_async_
+broadcast_ = _collectives.broadcast_
+alltoall_async = _collectives.alltoall_async
+reducescatter_async = _collectives.reducescatter_async
+grouped_reducescatter_async = _collectives.grouped_reducescatter_async
+join = _collectives.join
+barrier = _collectives.barrier
 
 
 def _check_has_gpu() -> bool:
     """Whether collectives can run on GPU memory directly: CUDA is usable and NCCL loads."""
-    from horovod.common.basics import nccl_built
-
     return torch.cuda.is_available() and nccl_built() > 0
 
 

@@ -200,7 +200,7 @@ class _DistributedOptimizer(_HorovodOptimizerBase):
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
                               "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
                               "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
-                              "your code.")
+                              "your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
@@ -261,7 +261,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-                      DeprecationWarning)
+                      DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
     if groups is not None:

@@ -131,7 +131,7 @@ class Transport(abc.ABC):
         (:class:`horovod.transport.shm_rounds.ShmRoundBoard`), or None where the transport has none."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (a no-op by default: LocalTransport holds nothing to release)
         """Release sockets, segments and threads.  Idempotent."""
 
 
@@ -184,7 +184,8 @@ def register(name: str) -> Callable[[Callable[..., Transport]], Callable[..., Tr
 
 
 class Store(abc.ABC):
-    """What a transport needs from the rendezvous: a shared key-value store (see :mod:`horovod.transport.rendezvous`)."""
+    """What a transport needs from the rendezvous: a shared key-value store
+    (see :mod:`horovod.transport.rendezvous`)."""
 
     @abc.abstractmethod
     def put(self, scope: str, key: str, value: bytes) -> None: ...
@@ -244,7 +245,7 @@ class TransportOptions:
         """
         if value is None:
             return cls()
-        if isinstance(value, cls):
+        if isinstance(value, TransportOptions):
             return value
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(value) - known)

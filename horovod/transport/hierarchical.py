@@ -82,7 +82,7 @@ class HierarchicalTransport(Transport):
             self.local.allreduce_into(src, dst, op, finish)
         elif not self.enabled or all(len(g) == 1 for g in self.groups):
             self.flat.allreduce_into(src, dst, op, finish)
-        elif self.homogeneous and src.size >= self.local.size:
+        elif self.cross is not None and src.size >= self.local.size:   # cross: only on a homogeneous job
             counts = even_counts(src.size, self.local.size)
             share = self._share(counts[self.local_index], src.dtype)
             self.local.reducescatter(src, share, counts, op)
@@ -93,7 +93,7 @@ class HierarchicalTransport(Transport):
             if src is not dst:
                 np.copyto(dst, src)
             self.local.allreduce(dst, op)
-            if self.local_index == 0:
+            if self.leaders is not None:   # the host's leader (local index 0)
                 self.leaders.allreduce(dst, op)
             self.local.broadcast(dst, 0)
             if finish is not None:

@@ -21,14 +21,11 @@ import logging
 import sys
 import threading
 import zlib
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, Transport, TransportError, register
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mpi4py import MPI as _MPIModule
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +38,11 @@ F16_MODES = (F16_NUMPY, F16_NATIVE, F16_UPCAST)
 _REDUCE_OPS = (SUM, MIN, MAX, PRODUCT)
 
 
-def _mpi() -> "_MPIModule":
-    """Import ``mpi4py.MPI`` (which initialises MPI on first import) or explain what is missing."""
+def _mpi() -> Any:
+    """Import ``mpi4py.MPI`` (which initialises MPI on first import) or explain what is missing.
+
+    Typed ``Any``: mpi4py is optional, and a module is not a type mypy can check attribute access against.
+    """
     try:
         from mpi4py import MPI
     except ImportError as exc:
@@ -356,19 +356,16 @@ class MpiTransport(Transport):
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``; either side may be None."""
         self._live()
         MPI = self._MPI
-        sending = send is not None and dest is not None
-        receiving = recv is not None and source is not None
+        # (array, datatype) per side that takes part; None for a side that does not.
+        out = self._spec(send)[:2] if send is not None and dest is not None else None
+        into = self._spec(recv)[:2] if recv is not None and source is not None else None
         try:
-            if sending and receiving:
-                s, sdt, _ = self._spec(send)
-                r, rdt, _ = self._spec(recv)
-                self._comm.Sendrecv([s, sdt], dest=dest, sendtag=0, recvbuf=[r, rdt], source=source, recvtag=0)
-            elif sending:
-                s, sdt, _ = self._spec(send)
-                self._comm.Send([s, sdt], dest=dest, tag=0)
-            elif receiving:
-                r, rdt, _ = self._spec(recv)
-                self._comm.Recv([r, rdt], source=source, tag=0)
+            if out is not None and into is not None:
+                self._comm.Sendrecv(list(out), dest=dest, sendtag=0, recvbuf=list(into), source=source, recvtag=0)
+            elif out is not None:
+                self._comm.Send(list(out), dest=dest, tag=0)
+            elif into is not None:
+                self._comm.Recv(list(into), source=source, tag=0)
         except MPI.Exception as exc:
             raise self._fail(f"sendrecv(dest={dest}, source={source})", exc) from exc
 

@@ -74,7 +74,7 @@ def resolve_ipv4(host: str) -> List[str]:
         return []
     out: List[str] = []
     for info in infos:
-        addr = info[4][0]
+        addr = str(info[4][0])   # (an AF_INET sockaddr: (host, port))
         if addr not in out:
             out.append(addr)
     return out
@@ -179,8 +179,10 @@ class AddressProbe:
             for key, _ in self._sel.select():
                 if key.fileobj is self._wake_r:
                     return
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)   # only listening sockets are registered besides the wake
                 try:
-                    conn, _ = key.fileobj.accept()
+                    conn, _ = sock.accept()
                     conn.close()
                 except OSError:
                     pass

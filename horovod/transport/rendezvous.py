@@ -229,8 +229,8 @@ class RendezvousServer:
             headers = {}
             for line in lines[1:]:
                 if line:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
+                    name, _, text = line.partition(":")
+                    headers[name.strip().lower()] = text.strip()
             length = int(headers.get("content-length", "0"))
         except ValueError:
             self.refusals.note("a malformed request", peer)

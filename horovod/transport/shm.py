@@ -365,6 +365,7 @@ class ShmTransport(ShmGroup):
         if dest == self.rank or source == self.rank:
             if dest != source:
                 raise ValueError("sendrecv: sending to oneself needs source == dest == this rank")
+            assert send is not None and recv is not None   # dest and source are None where their buffer is
             recv[...] = send
             return
         if dest is None and source is None:
@@ -374,14 +375,21 @@ class ShmTransport(ShmGroup):
         self._op = "sendrecv"
         node = self._node
         deadline = time.monotonic() + node.timeout
-        tx = rx = None
+        tx: Optional[List[memoryview]] = None
+        rx: Optional[List[memoryview]] = None
+        tx_peer = rx_peer = -1   # the world ranks on either side (only read where tx / rx is set)
         if dest is not None:
-            tx_sock = node.peers[self._members[dest]].sock
-            tx = [memoryview(LENGTH.pack(send.nbytes)), memoryview(_byte_view(send))]
+            assert send is not None   # dest is None where send is
+            tx_peer = self._members[dest]
+            tx_sock = node.peers[tx_peer].sock
+            tx = [memoryview(LENGTH.pack(send.nbytes)), _byte_view(send).data]
         if source is not None:
-            rx_sock = node.peers[self._members[source]].sock
+            assert recv is not None   # source is None where recv is
+            rx_peer = self._members[source]
+            rx_sock = node.peers[rx_peer].sock
             head = bytearray(LENGTH.size)
-            rx = [memoryview(head), memoryview(_byte_view(recv))]
+            rx = [memoryview(head), _byte_view(recv).data]
+            rx_arr = recv
         while tx or rx:
             progressed = False
             if tx:
@@ -392,7 +400,7 @@ class ShmTransport(ShmGroup):
                 except (BlockingIOError, InterruptedError):
                     pass
                 except OSError as exc:
-                    raise TransportError(f"shm transport: sendrecv to {node.describe(self._members[dest])} failed "
+                    raise TransportError(f"shm transport: sendrecv to {node.describe(tx_peer)} failed "
                                          f"({exc}); the process exited or was killed", peer=dest) from exc
                 while tx and not len(tx[0]):
                     tx.pop(0)
@@ -401,21 +409,22 @@ class ShmTransport(ShmGroup):
                     k = rx_sock.recv_into(rx[0], min(len(rx[0]), IO_CHUNK)) if len(rx[0]) else 0
                     if len(rx[0]) and k == 0:
                         raise TransportError(
-                            f"shm transport: {node.describe(self._members[source])} closed the connection during "
+                            f"shm transport: {node.describe(rx_peer)} closed the connection during "
                             f"sendrecv (the process exited or was killed)", peer=source)
                     rx[0] = rx[0][k:]
                     progressed = True
                 except (BlockingIOError, InterruptedError):
                     pass
                 except OSError as exc:
-                    raise TransportError(f"shm transport: sendrecv from {node.describe(self._members[source])} "
+                    raise TransportError(f"shm transport: sendrecv from {node.describe(rx_peer)} "
                                          f"failed ({exc})", peer=source) from exc
                 if rx and not len(rx[0]):
                     if len(rx) == 2:
                         (n,) = LENGTH.unpack(head)
-                        if n != recv.nbytes:
+                        if n != rx_arr.nbytes:
                             raise TransportError(f"sendrecv: rank {source} sent {n} bytes, rank {self.rank} expected "
-                                                 f"{recv.nbytes} (recv of {recv.size} {recv.dtype})", peer=source)
+                                                 f"{rx_arr.nbytes} (recv of {rx_arr.size} {rx_arr.dtype})",
+                                                 peer=source)
                     rx.pop(0)
                     progressed = True
             if progressed or not (tx or rx):
@@ -424,7 +433,7 @@ class ShmTransport(ShmGroup):
             if remaining <= 0:
                 q = source if rx else dest
                 raise TransportError(f"shm transport: sendrecv timed out after {node.timeout:.0f} s waiting for "
-                                     f"{node.describe(self._members[q])}", peer=q)
+                                     f"{node.describe(rx_peer if rx else tx_peer)}", peer=q)
             p = select.poll()
             if tx:
                 p.register(tx_sock, select.POLLOUT)

@@ -10,7 +10,7 @@ import mmap
 import os
 import select
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -18,6 +18,10 @@ from horovod.transport.spin import Spinner, default_budget_us
 from horovod.transport.base import Transport, TransportError
 from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, LINE_BYTES, MAGIC, ONE, POLL_DEAD, Node, map_segment,
                                         new_segment_fd, recv_msg, segment_layout, send_msg)
+
+if TYPE_CHECKING:  # both modules import this one
+    from horovod.transport.shm_lane import ShmLane
+    from horovod.transport.shm_rounds import ShmRoundBoard
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +53,8 @@ class ShmGroup(Transport):
         self._seq = 0
         self._rounds = 0
         self._free_at = [0, 0]
-        self.lane_board = None   # the world group's fast lane, once the engine asked for it (shm.py)
-        self.rounds_board = None   # the world group's round board, likewise
+        self.lane_board: Optional[ShmLane] = None   # the world group's fast lane, once the engine asked for it (shm.py)
+        self.rounds_board: Optional[ShmRoundBoard] = None   # the world group's round board, likewise
         self._maps: List[mmap.mmap] = []
         self._typed_cache: Dict[Tuple[np.dtype, int], List[np.ndarray]] = {}
         self._sub_cache: Dict[Tuple[np.dtype, int], List[List[np.ndarray]]] = {}
@@ -271,10 +275,10 @@ class ShmGroup(Transport):
             self.rounds_board.release()
         self._typed_cache.clear()
         self._sub_cache.clear()
-        self._half = self._meta = None
+        self._half, self._meta = [], []   # drop the views so the mappings below can close
         for mv in getattr(self, "_seqs", ()):
             mv.release()
-        self._seqs = self._my_seq = None
+        self._seqs = []   # (_my_seq is one of them, released: any later use raises ValueError)
         for m in self._maps:
             try:
                 m.close()

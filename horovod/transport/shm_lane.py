@@ -54,7 +54,7 @@ class ShmLane:
         off = lane_payload_offset(self.size)
         self._payloads = [[memoryview(m)[off + k * LANE_PAYLOAD_BYTES:off + (k + 1) * LANE_PAYLOAD_BYTES]
                            for k in (0, 1)] for m in maps]
-        self._own = self._fields[self.rank]
+        self._own: Optional[memoryview] = self._fields[self.rank]   # None once released
         self._peers = [q for q in range(self.size) if q != self.rank]
         self._spinner = Spinner(spin_us)
         self._proposals = 0   # fast entries posted so far (their record alternates)
@@ -69,6 +69,7 @@ class ShmLane:
     def post_slow(self, count: int = 1) -> None:
         """Post ``count`` slow entries."""
         own = self._own
+        assert own is not None, "fast lane used after release()"
         own[POSTED] += count
         own[DONE] = own[POSTED] if not self._reading else self._reading - 1
         self._wake_sleepers()
@@ -77,6 +78,7 @@ class ShmLane:
         """Post a fast entry and return its number; 0 (nothing posted) while a rank may still read the record it
         would overwrite, which the caller then posts as slow instead (it never waits here)."""
         own, fields = self._own, self._fields
+        assert own is not None, "fast lane used after release()"
         k = self._proposals & 1
         previous = own[SEQ[k]]
         # a rank that closed its lane reads no more entries
@@ -107,8 +109,10 @@ class ShmLane:
         if self._await(lambda: self.missing(seq), timeout):
             return False, None
         fields, own = self._fields, self._own
+        assert own is not None, "fast lane used after release()"
         digest = own[DIGEST[0]] if own[SEQ[0]] == seq else own[DIGEST[1]]
-        records = []
+        found: List[int] = []
+        records: Optional[List[int]] = found
         for q in range(self.size):
             f = fields[q]
             k = 0 if f[SEQ[0]] == seq else 1 if f[SEQ[1]] == seq else -1
@@ -116,7 +120,7 @@ class ShmLane:
             if k < 0 or f[POSTED] < seq or f[DIGEST[k]] != digest:
                 records = None
                 break
-            records.append(k)
+            found.append(k)
         payloads = None
         if records is not None:
             payloads = [bytes(self._payloads[q][k][:fields[q][NBYTES[k]]]) for q, k in enumerate(records)]
@@ -154,6 +158,7 @@ class ShmLane:
         if self._spinner.spin(lambda: not pending()):
             return []
         own = self._own
+        assert own is not None, "fast lane used after release()"
         own[WAITING] = 1
         try:
             return self._group.block_until(pending, timeout, "the fast lane", recheck_s=RECHECK_S)

@@ -22,10 +22,13 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from horovod.transport import sockets as _sk
 from horovod.transport.base import Bootstrap, LocalTransport, Transport, TransportError
+
+if TYPE_CHECKING:  # shm_group imports this module
+    from horovod.transport.shm_group import ShmGroup
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +180,7 @@ def _send_all(sock: socket.socket, view: memoryview, deadline: float, peer: str)
 
 def recv_msg(sock: socket.socket, size: int, nfds: int, deadline: float, peer: str) -> Tuple[bytes, List[int]]:
     """Receive one ``size``-byte message and up to ``nfds`` descriptors on a non-blocking socket."""
-    data, fds = b"", []
+    data, fds = b"", []  # type: Tuple[bytes, List[int]]
     while len(data) < size:
         try:
             chunk, got, _flags, _addr = socket.recv_fds(sock, size - len(data), nfds if not data else 0)
@@ -228,8 +231,8 @@ class Node:
         self.wake_r, self.wake_w = _make_wake()
         self.peers: Dict[int, _Peer] = {}
         self.gone: set = set()  # world ranks whose socket hung up
-        self.groups: Dict[Tuple[int, ...], Transport] = {}   # of ``group_type``
-        self.world: Optional[Transport] = None
+        self.groups: Dict[Tuple[int, ...], ShmGroup] = {}   # of ``group_type``
+        self.world: Optional[ShmGroup] = None
         self.closed = False
         _LIVE_NODES.add(self)
 
@@ -349,7 +352,7 @@ class Node:
                     except queue.Empty:
                         break
                     q = -1
-                    if error is None:
+                    if error is None and theirs is not None:
                         sc, _, qs = theirs.decode(errors="replace").rpartition("|")
                         q = int(qs) if qs.isdigit() else -1
                         if sc != scope or not self.rank < q < self.size or q in seg_fds:
@@ -409,6 +412,8 @@ class Node:
         if len(members) == 1:
             return LocalTransport()
         if members == tuple(range(self.size)):
+            if self.world is None:
+                raise TransportError("shm transport: subgroup() before the world group was built")
             return self.world
         group = self.groups.get(members)
         if group is None or group._closed:
@@ -421,7 +426,8 @@ class Node:
             return
         self.closed = True
         _LIVE_NODES.discard(self)
-        for group in [] if in_child else list(self.groups.values()) + [self.world]:
+        groups: List[Optional[ShmGroup]] = [] if in_child else [*self.groups.values(), self.world]
+        for group in groups:
             if group is not None:
                 group._release()
         for peer in self.peers.values():

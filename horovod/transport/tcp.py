@@ -153,6 +153,7 @@ class TcpTransport(Transport):
             prev = [lc.recv(sview[: ln * it], (buf[o:o + ln], scratch[:ln]), last)
                     for o, ln in alg.segments(offs[rb], counts[rb], seg)]
         # Allgather: rank r now owns block r+1 fully reduced; pass blocks on, receiving straight into buf.
+        assert prev is not None   # n >= 2: the reduce-scatter ran at least one step
         for s in range(n - 1):
             sb, rb = (r + 1 - s) % n, (r - s) % n
             for j, (o, ln) in enumerate(alg.segments(offs[sb], counts[sb], seg)):
@@ -321,20 +322,23 @@ class TcpTransport(Transport):
     def sendrecv(self, send: Optional[np.ndarray], dest: Optional[int], recv: Optional[np.ndarray],
                  source: Optional[int]) -> None:
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``; either side may be ``None``."""
-        has_send = send is not None and dest is not None
-        has_recv = recv is not None and source is not None
-        for what, peer in (("dest", dest if has_send else None), ("source", source if has_recv else None)):
+        # A side takes part only with both its buffer and its peer.
+        if send is None or dest is None:
+            send, dest = None, None
+        if recv is None or source is None:
+            recv, source = None, None
+        for what, peer in (("dest", dest), ("source", source)):
             if peer is not None and not 0 <= peer < self.size:
                 raise ValueError(f"sendrecv: {what} {peer} is not a rank of this group of size {self.size}")
-        if (has_send and dest == self.rank) or (has_recv and source == self.rank):
-            if not (has_send and has_recv and dest == source == self.rank):
+        if dest == self.rank or source == self.rank:
+            if not dest == source == self.rank:
                 raise ValueError("sendrecv: a rank can only send to itself while also receiving from itself")
+            assert send is not None and recv is not None   # (dest and source are set, so are their buffers)
             self._start()
             as_bytes(recv)[: send.nbytes] = as_bytes(send)
             return
-        self._exchange(dest if has_send else None, as_bytes(send) if has_send else None,
-                       source if has_recv else None, as_bytes(recv) if has_recv else None,
-                       "sendrecv")
+        self._exchange(dest, None if send is None else as_bytes(send), source,
+                       None if recv is None else as_bytes(recv), "sendrecv")
 
     def barrier(self) -> None:
         """Dissemination barrier: ``ceil(log2 size)`` rounds of 1-byte tokens, as one plan."""

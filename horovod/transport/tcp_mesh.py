@@ -1,4 +1,5 @@
-"""The TCP mesh under :mod:`horovod.transport.tcp`: one connection per pair of ranks, and the event loop that runs plans.
+"""The TCP mesh under :mod:`horovod.transport.tcp`: one connection per pair of ranks, and the event loop that
+runs plans.
 
 A collective is compiled into a :class:`Plan`: per peer :class:`Channel`, an ordered list of sends and receives
 (a receive may reduce into a buffer as it arrives, a send may wait for a receive to finish). :meth:`Mesh.run`
@@ -53,7 +54,7 @@ SCRATCH_KEEP_BYTES = 64 << 20
 
 def as_bytes(arr: np.ndarray) -> memoryview:
     """A flat byte view of a 1-D contiguous array (no copy)."""
-    return memoryview(arr.view(np.uint8))
+    return arr.view(np.uint8).data   # ndarray.data: the same memoryview, typed as one
 
 
 # --------------------------------------------------------------------------------------------------- plans
@@ -322,6 +323,7 @@ class Mesh:
         the one socket it reads from; anything unusual (a partial send) falls back to :meth:`run`.
         """
         if sview is not None and len(sview):
+            assert dst is not None, "exchange: a send without a destination"
             sock = self.sock(dst)
             try:
                 k = sock.send(sview)
@@ -333,11 +335,13 @@ class Mesh:
                 plan = Plan(self)
                 plan.chan(dst).send(sview[k:])
                 if rview is not None:
+                    assert src is not None, "exchange: a receive without a source"
                     plan.chan(src).recv(rview)
                 self.run(plan, SUM, what, view)
                 return
         if rview is None or not len(rview):
             return
+        assert src is not None, "exchange: a receive without a source"
         sock = self.sock(src)
         n = len(rview)
         off = 0
@@ -362,14 +366,14 @@ class Mesh:
             now = time.monotonic()
             if deadline is None:
                 deadline = now + self.timeout
-                if poller is None:
-                    poller = select.poll()
-                    poller.register(sock.fileno(), _POLLIN | _POLLCLOSED)
             elif now >= deadline:
                 chan = Channel(src, sock)
                 chan.recvs.append((rview, None))
                 chan.roff = off
                 raise self._timed_out(view, [chan], what)
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock.fileno(), _POLLIN | _POLLCLOSED)
             poller.poll(max(1, int((deadline - now) * 1000) + 1))
 
     def _wait(self, active: List[Channel], seconds: float, view: PeerNames, what: str) -> None:

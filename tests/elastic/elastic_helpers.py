@@ -126,8 +126,8 @@ class ElasticJob:
         timeout = self._bounded(timeout)
         try:
             return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the launcher did not exit within {timeout:.0f} s (hang)\n{self.diagnose()}")
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"the launcher did not exit within {timeout:.0f} s (hang)\n{self.diagnose()}") from e
 
     def cleanup(self) -> None:
         """Stop the launcher (it stops its workers) and kill any worker left behind."""

@@ -83,7 +83,6 @@ def test_requests_valid_separately_but_never_together_are_still_validated():
 def cache_worker() -> dict:
     import os
 
-    import numpy as np
 
     import horovod.numpy as hvd
 

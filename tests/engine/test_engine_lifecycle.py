@@ -129,7 +129,7 @@ def fork_after_init_worker() -> dict:
     import horovod.numpy as hvd
 
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+    rank = hvd.rank()
     out = {"before": hvd.allreduce(np.ones(3), op=hvd.Sum, name="before").tolist()}
     if rank == 0:
         def child(conn):

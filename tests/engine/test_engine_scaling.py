@@ -38,8 +38,8 @@ def _scaling_job(factor):
                                    pre * size),
             "allreduce postscale": (hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor, name=f"q{x.dtype}{cols}"),
                                     post(x * size)),
-            "reducescatter prescale": (hvd.reducescatter(x, op=hvd.Sum, prescale_factor=factor, name=f"r{x.dtype}{cols}"),
-                                       (pre * size)[rows]),
+            "reducescatter prescale": (hvd.reducescatter(x, op=hvd.Sum, prescale_factor=factor,
+                                                         name=f"r{x.dtype}{cols}"), (pre * size)[rows]),
             "reducescatter postscale": (hvd.reducescatter(x, op=hvd.Sum, postscale_factor=factor,
                                                           name=f"s{x.dtype}{cols}"), post(x * size)[rows]),
         }

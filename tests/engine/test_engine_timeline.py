@@ -98,7 +98,7 @@ def test_timeline_file_is_valid_chrome_trace(tmp_path, threshold):
     assert events[1] == {"name": "process_sort_index", "ph": "M", "pid": 0, "args": {"sort_index": 0}}
 
     names = Counter(e.get("name") for e in events)
-    for op, tensor in OPS_AND_NAMES.items():
+    for op in OPS_AND_NAMES:
         assert names[f"NEGOTIATE_{op}"] >= 1, f"no NEGOTIATE_{op} event"
         assert names[op] >= 1, f"no {op} event"
     assert names["CYCLE_START"] >= 1

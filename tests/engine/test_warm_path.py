@@ -243,7 +243,7 @@ def barrier_worker(warm_first: bool) -> dict:
     import horovod.numpy as hvd
 
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+    rank = hvd.rank()
     out = {}
     if warm_first:
         for _ in range(3):

@@ -51,7 +51,7 @@ def _staged_job():
 
 def test_device_arrays_are_staged_when_nccl_cannot_serve():
     results = run_ranks(_staged_job, 2, timeout=120)
-    for rank, (out, fused, mode, notices) in enumerate(results):
+    for out, fused, mode, _notices in results:
         assert out == (2 * np.arange(6) + 1).tolist()
         assert fused == [[2 * i] * 3 for i in range(3)]
         assert mode == "HOST"

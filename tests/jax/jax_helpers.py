@@ -37,7 +37,7 @@ def require_jax():
     """Skip the calling test module unless real JAX and optax are installed; returns the jax module."""
     try:
         jax = importlib.import_module("jax")
-        getattr(jax, "Array")
+        jax.Array  # noqa: B018  (a folder or stub named jax has no Array: AttributeError skips, as wanted)
         importlib.import_module("optax")
     except (ImportError, AttributeError) as exc:
         pytest.skip(f"horovod.jax needs jax and optax (pip install 'horovod-next[jax]'): {exc}",

@@ -167,7 +167,8 @@ def jit_worker() -> dict:  # noqa: C901  (one flat script on purpose: one job ch
         got = jax.jit(lambda v: hvd.allreduce(v, op=hvd.Sum, process_set=evens))(a)
         c.equal(got, want(np.sum([vals("ma", q, (2,), "float32") for q in members], 0)), "jit process-set allreduce")
         got = jax.jit(lambda v: hvd.allgather(v, process_set=evens))(a)
-        c.equal(got, want(np.concatenate([vals("ma", q, (2,), "float32") for q in members])), "jit process-set allgather")
+        c.equal(got, want(np.concatenate([vals("ma", q, (2,), "float32") for q in members])),
+                "jit process-set allgather")
 
     # -- refused, with the reason ----------------------------------------------------------------------------------
     if n > 1:

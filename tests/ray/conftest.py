@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+# Ray is imported by the fixture, not here: a conftest that skips at import stops the whole run where it is named
+# on the command line (pytest tests/ray without Ray); each test module skips itself with the reason instead.
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -37,6 +37,9 @@ def cluster():
     """Head (2 CPUs) + one more node (2 CPUs); shut down after the module."""
     saved = {"PYTHONPATH": os.environ.get("PYTHONPATH")}
     _with_test_path()
+    import ray
+    from ray.cluster_utils import Cluster
+
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     c.add_node(num_cpus=2)
     ray.init(address=c.address, log_to_driver=True)

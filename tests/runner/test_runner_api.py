@@ -25,7 +25,7 @@ def _driver(tmp_path, body: str) -> subprocess.CompletedProcess:
 
 def _result(proc):
     assert proc.returncode == 0, proc.stderr
-    lines = [l for l in proc.stdout.splitlines() if l.startswith(MARK)]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
     assert len(lines) == 1, proc.stdout
     return json.loads(lines[0][len(MARK):])
 
@@ -46,7 +46,7 @@ def test_returns_every_ranks_value_in_rank_order(tmp_path):
     assert all(r["size"] == 3 and r["controller"] == "gloo" for r in out)
     assert [r["value"] for r in out] == [1, 11, 21]
     assert [r["local"] for r in out] == ["0", "1", "2"]
-    assert sorted(l for l in proc.stdout.splitlines() if "working" in l) == [
+    assert sorted(line for line in proc.stdout.splitlines() if "working" in line) == [
         f"[{r}]<stdout>:working {r}" for r in range(3)]
 
 

@@ -95,7 +95,7 @@ def test_workers_get_their_environment_and_prefixed_output(hvdrun, script, tmp_p
     secret = secrets_.pop()
     assert re.fullmatch(r"[0-9a-f]{64}", secret)
     assert secret not in result.stdout and secret not in result.stderr   # never logged, even with --verbose
-    assert sorted(l for l in result.stderr.splitlines() if "<stderr>" in l) == [
+    assert sorted(line for line in result.stderr.splitlines() if "<stderr>" in line) == [
         f"[{r}]<stderr>:to stderr {r}" for r in range(3)]
 
 
@@ -142,7 +142,7 @@ def test_exactly_np_workers_even_with_more_slots(hvdrun, script, tmp_path):
 
 
 def test_two_local_host_names_are_two_hosts(hvdrun, script, tmp_path):
-    result = hvdrun(["-np", "4", "-H", f"localhost:2,127.0.0.1:2", "python", script(ENV_WORKER), str(tmp_path)])
+    result = hvdrun(["-np", "4", "-H", "localhost:2,127.0.0.1:2", "python", script(ENV_WORKER), str(tmp_path)])
     assert result.returncode == 0, result.stderr
     envs = _envs(result.stdout)
     assert [envs[r]["HOROVOD_HOSTNAME"] for r in range(4)] == ["localhost", "localhost", "127.0.0.1", "127.0.0.1"]
@@ -170,7 +170,7 @@ def test_output_filename_writes_padded_rank_dirs(hvdrun, tmp_path):
         assert (out / f"rank.{rank:02d}" / "stdout").read_text() == f"out {rank}\n"
         assert (out / f"rank.{rank:02d}" / "stderr").read_text() == f"err {rank}\n"
     # The terminal still gets the tagged lines.
-    assert f"[10]<stdout>:out 10" in result.stdout.splitlines()
+    assert "[10]<stdout>:out 10" in result.stdout.splitlines()
 
 
 def test_prefix_timestamp(hvdrun):

@@ -5,13 +5,14 @@ import pathlib
 import pickle
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import pytest
 
-from horovod.spark.common import reader, util
-from horovod.spark.common.store import DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore, Store
+pa = pytest.importorskip("pyarrow", reason="the Spark stores need pyarrow (pip install 'horovod-next[spark]')")
+import pyarrow.fs as pafs  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from horovod.spark.common import reader, util  # noqa: E402
+from horovod.spark.common.store import DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore, Store  # noqa: E402
 
 
 def test_layout_matches_the_original(tmp_path):

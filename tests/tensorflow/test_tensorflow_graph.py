@@ -4,7 +4,8 @@ A TF1 session runs the independent nodes of one ``session.run`` concurrently on 
 threads, in an order that differs between ranks.  These tests build one graph with more than 100 independent
 Horovod ops (every collective, grouped ones, and their gradients), evaluate it in one ``session.run`` with pools
 of one and two threads at np = 2 and 3 (in a plain ``Session``, twice, and in a ``MonitoredTrainingSession``),
-and check every value against numpy; then the same ops under ``tf.function``.  A deadlock fails through the harness's timeout (``TIMEOUT`` in tf_helpers).
+and check every value against numpy; then the same ops under ``tf.function``.  A deadlock fails through the
+harness's timeout (``TIMEOUT`` in tf_helpers).
 """
 from __future__ import annotations
 

@@ -340,7 +340,7 @@ def _bucket_worker(cap):
     from horovod.common.buckets import plan_buckets
 
     hvd.init()
-    r, n = hvd.rank(), hvd.size()
+    r = hvd.rank()
     keras = tf.keras
     keras.utils.set_random_seed(1)
     # 11 small variables (≤ 400 bytes each), one of 5 KiB and one of 64 KiB: with a 1 KiB cap that is a few

@@ -114,7 +114,8 @@ def _transports(rank, size, tiny_too=True):
 
 
 def _each_case(rank, size):
-    """``(label, transport, dtype, n)`` for every transport, dtype and size; each transport is closed after its cases."""
+    """``(label, transport, dtype, n)`` for every transport, dtype and size; each transport is closed after its
+    cases."""
     for label, t in _transports(rank, size):
         opts = TINY if label == "tiny" else {}
         for dtype in DTYPES:
@@ -299,7 +300,7 @@ def _body_subgroups(rank, size):
     world = create_shm(_boot("sub", {"shm_segment_bytes": 1 << 20}))
     evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
     ends = sorted({0, size - 1})
-    for it in range(2):  # the second pass reuses the cached groups
+    for _pass in range(2):  # the second pass reuses the cached groups
         _check_group(world, list(range(size)), "world", chk)
         mine = evens if rank in evens else odds
         g = world.subgroup(mine)

@@ -6,6 +6,7 @@ or as arrays (non-integer floats, compared with a tolerance and for bitwise agre
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import multiprocessing as mp
 import os
@@ -599,7 +600,9 @@ def test_schedules(size):
             assert folds[f.partner].partner == r
     for r in range(size):
         for k, (to, frm) in enumerate(alg.dissemination(r, size)):
+            # Round k pairs up: whom r sends to receives from r, and whom r receives from sends to r.
             assert alg.dissemination(to, size)[k][1] == r
+            assert alg.dissemination(frm, size)[k][0] == r
     assert sum(alg.partition(17, size)) == 17
     assert alg.segments(5, 0, 4) == [] and alg.segments(5, 9, 4) == [(5, 4), (9, 4), (13, 1)]
 
@@ -613,5 +616,5 @@ def test_transport_options_are_typed_and_refuse_unknown_names():
     assert Bootstrap(0, 1).options == TransportOptions()
     with pytest.raises(ValueError, match="unknown transport option.*'chunk_bytes'"):
         Bootstrap(0, 1, options={"chunk_bytes": 1})
-    with pytest.raises(Exception):  # frozen: a transport cannot change what another one reads
+    with pytest.raises(dataclasses.FrozenInstanceError):  # frozen: a transport cannot change what another reads
         boot.options.small_message_bytes = 1

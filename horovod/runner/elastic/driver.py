@@ -128,6 +128,13 @@ class ElasticDriver:
         self._remote: Optional[RemoteHosts] = None   # None: the launcher that made us starts the workers
 
     # -- public ---------------------------------------------------------------------------------------
+    @property
+    def store(self) -> MemoryStore:
+        """The rendezvous store of the running job (set by :meth:`run` before anything reads it)."""
+        if self._store is None:
+            raise RuntimeError("the elastic driver's store was used before run() started the rendezvous")
+        return self._store
+
     def run(self, setup: Optional[Callable[[RendezvousServer], None]] = None) -> ElasticResult:
         """Run the job to its end.
 
@@ -322,7 +329,7 @@ class ElasticDriver:
             return
         now = self._clock()
         blamed = set()
-        for rank in first_failures(reported_culprits(self._store)):
+        for rank in first_failures(reported_culprits(self.store)):
             if not 0 <= rank < len(self._members):
                 continue
             wid = self._members[rank]
@@ -346,7 +353,7 @@ class ElasticDriver:
 
     # -- workers --------------------------------------------------------------------------------------
     def _ready_epoch(self, wid: str) -> Optional[int]:
-        raw = self._store.get((membership.SCOPE, f"ready/{wid}"))
+        raw = self.store.get((membership.SCOPE, f"ready/{wid}"))
         try:
             return int(raw.decode()) if raw is not None else None
         except ValueError:
@@ -389,7 +396,7 @@ class ElasticDriver:
         host = host_of(wid)
         label = self._free_label(label)
         # A new process under a reused id must not mistake the old one's records for its own.
-        self._store.delete((membership.SCOPE, f"ready/{wid}"))
+        self.store.delete((membership.SCOPE, f"ready/{wid}"))
         self._scrub_assignment(wid)
         env = dict(self._env)
         env.update({"HOROVOD_ELASTIC_WORKER_ID": wid, "HOROVOD_HOSTNAME": host,
@@ -407,6 +414,7 @@ class ElasticDriver:
         self._all_procs.append(proc)
         worker = _Worker(wid, proc, label)
         self._workers[wid] = worker
+        assert self._sink is not None   # run() made it before any worker starts
         self._sink.attach(label, {"stdout": proc.stdout, "stderr": proc.stderr})
         logger.info("started worker %s (pid %s)", wid, proc.pid)
         threading.Thread(target=self._watch, args=(wid, proc), name=f"hvd-elastic-watch-{wid}", daemon=True).start()
@@ -484,13 +492,13 @@ class ElasticDriver:
         removal_only = target < frozenset(self._members)
         self._hosts_version += 1
         self._bumped_for = target
-        self._store.put((membership.SCOPE, "hosts"),
+        self.store.put((membership.SCOPE, "hosts"),
                         json.dumps({"version": self._hosts_version, "removal_only": removal_only}).encode())
         logger.info("hosts changed (version %d, %s): workers reset at their next commit", self._hosts_version,
                     "removals only" if removal_only else "additions")
 
     def _scrub_assignment(self, wid: str) -> None:
-        raw = self._store.get((membership.SCOPE, "assignment"))
+        raw = self.store.get((membership.SCOPE, "assignment"))
         if raw is None:
             return
         doc = json.loads(raw.decode())
@@ -500,7 +508,7 @@ class ElasticDriver:
         # wait for the next epoch instead of joining this one (or reading itself as removed).
         doc["workers"].pop(wid, None)
         doc["removed"] = [w for w in doc.get("removed", []) if w != wid]
-        self._store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
+        self.store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
 
     def _publish(self, order: List[str]) -> None:
         if self._epoch >= 0:
@@ -521,8 +529,8 @@ class ElasticDriver:
         for worker in self._workers.values():
             if worker.running and worker.wid not in kept:
                 self._remove(worker, f"it is not part of epoch {epoch}")
-        self._store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
-        self._store.clear_scope(CULPRIT_SCOPE)   # reports name ranks of the epoch that just ended
+        self.store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
+        self.store.clear_scope(CULPRIT_SCOPE)   # reports name ranks of the epoch that just ended
         for wid in order:
             self._workers[wid].last_epoch = epoch
         previous = len(self._members)
@@ -549,7 +557,7 @@ class ElasticDriver:
             raise ElasticJobError(f"{_exec.FAILURE_HEADLINE}\n{failed[0].describe()}", first=failed[0],
                                   exits=failed)
         logger.info("elastic job finished after %d resets", self._resets)
-        return ElasticResult(list(self._members), self._epoch + 1, self._resets, self._store)
+        return ElasticResult(list(self._members), self._epoch + 1, self._resets, self.store)
 
 
 def _describe_code(code: int) -> str:

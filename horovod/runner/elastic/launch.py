@@ -88,6 +88,9 @@ class _ElasticTask:
 
         result = cloudpickle.loads(self.payload)()
         topo = config.topology_from_env(config.environ())
+        if topo.rendezvous_addr is None or topo.rendezvous_port is None or topo.secret is None:
+            raise RuntimeError("an elastic worker started without the job's rendezvous (address, port, secret) in its "
+                               "environment; start it with horovodrun or horovod.run")
         client = RendezvousClient(topo.rendezvous_addr, topo.rendezvous_port, topo.secret)
         client.put(RESULT_SCOPE, topo.elastic_worker_id, cloudpickle.dumps(result))
 

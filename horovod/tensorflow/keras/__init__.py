@@ -28,6 +28,17 @@ from horovod.tensorflow import broadcast_variables  # noqa: F401
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.keras import callbacks, elastic  # noqa: F401
 
+# The public API, listed for `import *`, IDEs and mypy (tests/test_public_names.py holds it to the record).
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "PartialDistributedOptimizer",
+    "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allreduce", "broadcast",
+    "broadcast_global_variables", "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size",
+    "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "init",
+    "is_homogeneous", "is_initialized", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown",
+    "size", "start_timeline", "stop_timeline"
+]
+
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "", device_sparse: str = "",
                          compression=Compression.none, sparse_as_dense: bool = False,

@@ -185,7 +185,7 @@ class NetnsCluster:
             _run(["ip", "-n", host.ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", host.ns, "addr", "add", f"{host.addr}/24", "dev", "eth0"])
             _run(["ip", "-n", host.ns, "link", "set", "eth0", "up"])
-        names = [f"127.0.0.1 localhost", f"{self.driver_addr} driver"]
+        names = ["127.0.0.1 localhost", f"{self.driver_addr} driver"]
         names += [f"{h.addr} {h.name}" for h in self.hosts.values()]
         names.append(f"{self.unreachable[1]} {self.unreachable[0]}")
         for ns in [self.driver_ns] + [h.ns for h in self.hosts.values()]:

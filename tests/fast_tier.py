@@ -1,0 +1,47 @@
+"""The fast tier: ``python -m pytest -m fast`` (≤ 2 minutes on 2 cores) touches every layer once.
+
+Run it first and before every commit; the full suite (12–18 minutes) is for before a merge. The entries are pytest
+node ids or prefixes of them (a file, or a test without its parameters); tests/conftest.py marks what they select
+with ``fast``, and tests/test_fast_tier.py fails when an entry no longer names a test. A test that is not
+installed (a framework missing) is skipped there as everywhere else.
+"""
+
+FAST_TIER = (
+    # transport: the pure algorithms, one real collective battery over TCP and one over shared memory
+    "tests/transport/test_tcp.py::test_transport_options_are_typed_and_refuse_unknown_names",
+    "tests/transport/test_tcp.py::test_collectives_all_paths[2]",
+    "tests/transport/test_shm.py::test_collectives_match_numpy[allreduce-2]",
+    "tests/transport/test_shm.py::test_subgroups[3]",
+    # engine: its unit tests (negotiation, fusion, cache, config) and one init/shutdown cycle over real ranks
+    "tests/engine/test_engine_units.py",
+    "tests/engine/test_engine_lifecycle.py::test_shutdown_then_init_with_other_process_sets",
+    # common: the adapters every binding shares, the elastic bookkeeping
+    "tests/test_binding_adapters.py",
+    "tests/elastic/test_elastic_units.py",
+    # bindings: each installed binding through the one conformance suite, plus one training-shaped test each
+    "tests/conformance/test_collective_conformance.py::test_allreduce_f32[numpy-tcp-np2]",
+    "tests/conformance/test_collective_conformance.py::test_allreduce_f32[torch-tcp-np2]",
+    "tests/conformance/test_collective_conformance.py::test_allreduce_f32[tensorflow-tcp-np2]",
+    "tests/conformance/test_collective_conformance.py::test_allreduce_f32[jax-tcp-np2]",
+    "tests/conformance/test_collective_conformance.py::test_allreduce_f32[mxnet-tcp-np2]",
+    "tests/torch/test_torch_optimizer.py::test_distributed_optimizer_matches_single_process[2]",
+    "tests/tensorflow/test_tensorflow_ops.py::test_one_rank",
+    "tests/keras/test_keras.py::test_one_rank_fit_and_reload[keras3]",
+    "tests/jax/test_jax_api.py::test_argument_errors_in_one_process",
+    # runner: horovod.run over real processes, and its argument checks
+    "tests/runner/test_runner_api.py::test_returns_every_ranks_value_in_rank_order",
+    "tests/runner/test_runner_api.py::test_value_errors",
+    # docs and layering: imports point down, documented commands and names are real
+    "tests/test_layering.py",
+    "tests/test_module_size.py",
+    "tests/test_docs.py",
+    "tests/test_install_docs.py",
+    "tests/test_framework_rules.py",
+    "tests/test_fast_tier.py",
+    "tests/test_public_names.py",
+)
+
+
+def selects(entry: str, nodeid: str) -> bool:
+    """Whether ``entry`` names ``nodeid``: the same id, its file, or the test without its parameters."""
+    return nodeid == entry or nodeid.startswith(entry + "::") or nodeid.startswith(entry + "[")
