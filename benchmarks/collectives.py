@@ -1116,7 +1116,7 @@ def render(args, res: Results, memcpy: Dict[int, float], info: Dict[str, str], f
         names = {"engine-inplace": "hvd engine, `allreduce_` (in place)",
                  "engine-outofplace": "hvd engine, `allreduce` (new result array)",
                  "gloo": "torch Gloo `all_reduce` (in place)", "openmpi": "Open MPI `Allreduce(IN_PLACE)`"}
-        for job, recs in groups.items():
+        for _job, recs in groups.items():
             recs.sort(key=lambda r: r["rank"])
             r0 = recs[0]
             label = names.get(r0["impl"], r0["impl"]) + (f", {r0['transport']}" if r0.get("transport") else "")

@@ -35,7 +35,7 @@ import pickle
 import statistics
 import sys
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 

@@ -39,7 +39,7 @@ def hooks_ns(n: int = 200_000) -> float:
     rec = FlightRecorder(2000)
     req = Request(0, "allreduce.x", ops.ALLREDUCE, "float32", (2,))
     resp = Response(ops.ALLREDUCE, ["allreduce.x"])
-    batch, responses = [req], [resp]
+    batch, _responses = [req], [resp]
     start = time.perf_counter()
     for _ in range(n):
         rec.enqueued(batch)
@@ -58,7 +58,7 @@ def worker(args) -> None:
     from torch_training import build
 
     hvd.init()
-    rank, world = hvd.rank(), hvd.size()
+    rank, _world = hvd.rank(), hvd.size()
     recorder = state.current.recorder
     torch.set_num_threads(1)
     tiny = torch.zeros(2, dtype=torch.float32)   # 8 bytes

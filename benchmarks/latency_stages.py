@@ -10,9 +10,10 @@ stages of an 8-byte ``horovod.numpy.allreduce``, once on each path such a call c
 default on one host): the call starts; the rank's entry is on the board; every rank's entry has been seen; the
 rank has reduced the payloads; the call returns. Through the *coordinator* (``HOROVOD_FAST_LANE=0``): the call
 starts; the worker's request leaves (``send``); rank 0 reads it (``receive``); rank 0's responses leave
-(``broadcast``); the worker reads them; each call returns. A ``select`` that blocked and woke up is stamped too. The stamps come from wrapping those engine methods for the
-length of the job (a diagnostic: it adds a few microseconds per stage). The table shows the median time of each
-stamp after the earlier of the two calls started, and the median call time per rank.
+(``broadcast``); the worker reads them; each call returns. A ``select`` that blocked and woke up is stamped too.
+The stamps come from wrapping those engine methods for the length of the job (a diagnostic: it adds a few
+microseconds per stage). The table shows the median time of each stamp after the earlier of the two calls
+started, and the median call time per rank.
 """
 from __future__ import annotations
 

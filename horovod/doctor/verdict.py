@@ -120,7 +120,7 @@ def _last_activity(dump: Dict[str, Any]) -> Optional[float]:
 def _last_completed_with(job: Job, rank: int, sets: Dict[str, List[int]]) -> Optional[Dict[str, Any]]:
     """The newest collective the other ranks completed on a set that includes ``rank``: its last one too."""
     best = None
-    for other, dump in job.ranks.items():
+    for dump in job.ranks.values():
         for rec in dump.get("collectives", []):
             members = sets.get(str(rec["process_set"]), list(range(job.size)))
             if rec.get("state") == "done" and rank in members and (best is None or rec["seq"] > best["seq"]):
@@ -235,7 +235,9 @@ def diagnose(job: Job) -> List[str]:
         else:
             crossed.setdefault((own["process_set"], own["name"]), []).append(rank)
     for other_key, ranks in crossed.items():
-        own = _first_waiting(job.ranks[ranks[0]])
+        first = _first_waiting(job.ranks[ranks[0]])
+        assert first is not None   # crossed holds only ranks waiting in something
+        own = first
         other_where = ", ".join(sorted({where(job.ranks[r]) for r in ranks}))
         if own["process_set"] != key[0] and own["kind"] == record["kind"]:
             findings.append(

@@ -90,8 +90,8 @@ def _single(results):
 
 def _check_op(op: int, process_set: int, what: str = "allreduce") -> None:
     if op not in ops.OP_NAMES:
-        raise InvalidArgumentError(f"Unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product "
-                         f"or hvd.Adasum.")
+        raise InvalidArgumentError(f"Unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max, "
+                                   f"hvd.Product or hvd.Adasum.")
     if op == ops.Adasum:
         runtime = _runtime()
         size = len(runtime.sets[process_set].ranks) if process_set in runtime.sets else runtime.size
@@ -146,18 +146,20 @@ def alltoall_async(tensor: np.ndarray, name: str, splits: Optional[Sequence[int]
     rows = tensor.shape[0]
     if splits is None:
         if rows % members:
-            raise InvalidArgumentError(f"alltoall without splits needs the first dimension ({rows}) to be divisible by the "
-                             f"number of ranks ({members}); pass splits=[...] for an uneven exchange.")
+            raise InvalidArgumentError(f"alltoall without splits needs the first dimension ({rows}) to be divisible "
+                                       f"by the number of ranks ({members}); pass splits=[...] for an uneven "
+                                       f"exchange.")
         split_list = [rows // members] * members
     else:
         split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
         if len(split_list) != members:
-            raise InvalidArgumentError(f"alltoall splits has {len(split_list)} entries; expected one per rank of the process "
-                             f"set ({members}).")
+            raise InvalidArgumentError(f"alltoall splits has {len(split_list)} entries; expected one per rank of the "
+                                       f"process set ({members}).")
         if any(s < 0 for s in split_list):
             raise InvalidArgumentError(f"alltoall splits must be non-negative, got {split_list}.")
         if sum(split_list) != rows:
-            raise InvalidArgumentError(f"alltoall splits sum to {sum(split_list)} but the tensor's first dimension is {rows}.")
+            raise InvalidArgumentError(f"alltoall splits sum to {sum(split_list)} but the tensor's first dimension "
+                                       f"is {rows}.")
     return _enqueue(ops.ALLTOALL, [tensor], [name], process_set=process_set, dtypes=[dtype] if dtype else None,
                     splits=[split_list], finalize=_single)
 

@@ -70,7 +70,8 @@ KNOBS: Tuple[Knob, ...] = (
          negatable=True),
     # Autotune.
     Knob("autotune", bool, False, "HOROVOD_AUTOTUNE", "--autotune", "autotune.enabled",
-         "Tune the fusion threshold and cycle time with Bayesian optimisation (knobs set explicitly stay fixed).", negatable=True),
+         "Tune the fusion threshold and cycle time with Bayesian optimisation (knobs set explicitly stay fixed).",
+         negatable=True),
     Knob("autotune_log", str, "", "HOROVOD_AUTOTUNE_LOG", "--autotune-log-file", "autotune.log_file",
          "CSV file where rank 0 logs every autotune sample."),
     Knob("autotune_warmup_samples", int, 3, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "--autotune-warmup-samples",
@@ -165,7 +166,8 @@ KNOBS: Tuple[Knob, ...] = (
     # win (benchmarks/torch_training.py models: +1-8 % against 1 MiB, NOTES.md); still far below DDP's 25 MiB, so
     # buckets keep leaving during backward.
     Knob("gradient_bucket_bytes", int, 4 * MIB, "HOROVOD_GRADIENT_BUCKET_BYTES", None, None,
-         "horovod.torch, horovod.tensorflow and Keras DistributedOptimizer / DistributedGradientTape (without groups, not Adasum): small gradients travel packed in buckets of up to "
+         "horovod.torch, horovod.tensorflow and Keras DistributedOptimizer / DistributedGradientTape (without "
+         "groups, not Adasum): small gradients travel packed in buckets of up to "
          "this many bytes, one allreduce per bucket (0: one allreduce per gradient)."),
     Knob("small_message_bytes", int, 256 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
          "tcp transport: below this many bytes, latency-optimal algorithms instead of rings (shm switches at "

@@ -1,7 +1,8 @@
 """Rank 0's part of a progress step: take requests in, decide one order, tell the members, tune, watch for stalls.
 
 A part of :class:`horovod.engine.runtime.Runtime` (it runs inside the runtime's drive loop, on the runtime's state);
-the decisions themselves — which tensors are ready, conflicts, stalls — are :class:`horovod.engine.negotiation.Coordinator`'s.
+the decisions themselves — which tensors are ready, conflicts, stalls — are
+:class:`horovod.engine.negotiation.Coordinator`'s.
 """
 from __future__ import annotations
 

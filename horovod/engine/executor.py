@@ -251,7 +251,7 @@ class Executor:
         # Lay out rank p's block as the concatenation of every tensor's p-th slice.
         offset = 0
         for p in range(size):
-            for entry, shape, sp, r in zip(entries, resp.shapes, splits, rows):
+            for entry, sp, r in zip(entries, splits, rows):
                 n = sp[p] * r
                 start = sum(sp[:p]) * r
                 src = None if entry is None else _flat(entry.tensor)[start:start + n]

@@ -3,9 +3,9 @@ every Python thread, and — on rank 0 — the coordinator's table of collective
 
 Written when something looks hung (the stall inspector's warning, a stall error, a peer failure or timeout), on
 ``SIGUSR1`` and on request (``hvd.dump_flight_recorder()``); read by :mod:`horovod.doctor`.  Each dump is a new
-file (``g<generation>-rank<r>-<pid>-<ms>.json``; ``…-rank<r>-child-…`` from a forked child), written to a temporary name and renamed, so a reader never sees
-half a file.  Everything here runs rarely and off the hot path; failures to write are logged, never raised into
-the engine (a dump must not turn a hang into a crash).
+file (``g<generation>-rank<r>-<pid>-<ms>.json``; ``…-rank<r>-child-…`` from a forked child), written to a
+temporary name and renamed, so a reader never sees half a file.  Everything here runs rarely and off the hot
+path; failures to write are logged, never raised into the engine (a dump must not turn a hang into a crash).
 """
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ def plan(ready: Sequence[Response], threshold: int, separate_groups: bool = Fals
     for resp in ready:
         fusible = _fusible(resp)
         size = response_bytes(resp) if fusible else 0
-        if (threshold > 0 and current is not None and fusible and _key(resp, separate_groups) == _key(current, separate_groups)
+        if (threshold > 0 and current is not None and fusible
+                and _key(resp, separate_groups) == _key(current, separate_groups)
                 and current_bytes + size <= threshold):
             current.names.extend(resp.names)
             current.shapes.extend(resp.shapes)

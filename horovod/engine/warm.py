@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional
 

@@ -131,7 +131,7 @@ class HangWatch:
         return out
 
     def _dumped_ranks(self) -> set:
-        ranks = set()
+        ranks: set = set()
         try:
             names = os.listdir(self.directory)
         except OSError:
@@ -221,7 +221,8 @@ def request_dump(launcher_pid: int) -> int:
     except OSError:
         argv = None
     if argv is not None and not any(b"horovodrun" in a or b"horovod.runner" in a for a in argv):
-        print(f"horovodrun: error: pid {launcher_pid} is not a horovodrun ({b' '.join(argv[:3]).decode(errors='replace')}"
+        seen = b" ".join(argv[:3]).decode(errors="replace")
+        print(f"horovodrun: error: pid {launcher_pid} is not a horovodrun ({seen}"
               f"); pass the launcher's pid (pgrep -f horovodrun)", file=sys.stderr)
         return 2
     try:

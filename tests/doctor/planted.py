@@ -19,7 +19,7 @@ BIG = np.ones(512, dtype=np.float32)   # 2 KiB: past the fast lane, through the 
 
 
 def healthy_steps(n=3):
-    for step in range(n):
+    for _ in range(n):
         hvd.allreduce(BIG, name="grad.fc1.weight")
         hvd.allreduce(BIG, name="grad.fc2.weight")
         hvd.allgather(BIG[:4], name="stats")

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
-from test_planted_hangs import PLANTED, REPO, job_env, marker_line
+from test_planted_hangs import PLANTED, job_env, marker_line
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, threading, time

@@ -72,11 +72,12 @@ def test_planted_hang(tmp_path, scenario, np_, transport):
         expected = [f"rank {culprit} skipped allreduce 'grad.fc2.weight'", "and went on to allgather 'stats'",
                     culprit_line, f"{others(np_)} {wait} in it ({waiter_line})"]
     elif scenario == "order":
-        expected = [f"issued allgather 'a' and allreduce 'b' in opposite orders",
+        expected = ["issued allgather 'a' and allreduce 'b' in opposite orders",
                     f"{others(np_)} {wait} in allgather 'a' at {waiter_line}",
                     f"rank {culprit} waits in allreduce 'b' at {culprit_line}"]
     elif scenario == "sleep":
-        expected = [f"rank {culprit} never submitted allreduce 'grad.fc1.bias'", f"it is in {culprit_line} (no collective for ",
+        expected = [f"rank {culprit} never submitted allreduce 'grad.fc1.bias'",
+                    f"it is in {culprit_line} (no collective for ",
                     f"{others(np_)} {wait} in it ({waiter_line})"]
     elif scenario == "sleep_tiny":   # the fast lane's stall warning and stall error (shm), the coordinator's (tcp)
         expected = [f"rank {culprit} never submitted allreduce 'loss'", f"it is in {culprit_line} (no collective for ",
@@ -94,7 +95,7 @@ def test_planted_hang(tmp_path, scenario, np_, transport):
                     f"it is now in {culprit_line}", f"({waiter_line})"]
     else:   # a data loader's worker process (a plain forked one, and torch's DataLoader)
         expected = [f"rank {culprit} never submitted allreduce 'batch.stats'", f"it is in {culprit_line}",
-                    f"waiting for its child process (pid ", f"in {marker_line(scenario, 'worker')}",
+                    "waiting for its child process (pid ", f"in {marker_line(scenario, 'worker')}",
                     f"{others(np_)} {wait} in it ({waiter_line})"]
     for piece in expected:
         assert piece in verdict, f"{piece!r} not in the verdict:\n{verdict}\n--- job output:\n{output[-3000:]}"
@@ -121,7 +122,7 @@ def run_until_dumped(tmp_path, scenario: str, np_: int, transport: str, launcher
     try:
         return "\n".join(report(str(dumps)))
     except Exception as exc:
-        raise AssertionError(f"no verdict ({exc}); job output:\n{output[-4000:]}")
+        raise AssertionError(f"no verdict ({exc}); job output:\n{output[-4000:]}") from exc
 
 
 @pytest.mark.parametrize("transport,launcher_args", [
@@ -171,5 +172,5 @@ def test_eight_ranks_dumped_and_collected_within_seconds_of_the_stall_warning(tm
     assert warned is not None and collected is not None, text[-4000:]
     assert took < 5.0 and collected - warned < 8.0, text[-4000:]
     assert "Horovod doctor (8 of 8 ranks dumped" in text
-    assert f"rank 7 never submitted allreduce 'grad.fc1.bias'" in text
+    assert "rank 7 never submitted allreduce 'grad.fc1.bias'" in text
     assert "ranks 0–6 wait in it" in text

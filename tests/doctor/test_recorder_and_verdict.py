@@ -151,8 +151,8 @@ def test_opposite_orders_without_history_and_skip_with_it():
     })
     (finding,) = diagnose(crossed)
     assert finding.startswith("ranks 0 and 1 issued allgather 'a' and allreduce 'b' in opposite orders")
-    assert "rank 0 waits in allgather 'a' at train.py:10" in finding and "rank 1 waits in allreduce 'b' at train.py:20" \
-        in finding
+    assert "rank 0 waits in allgather 'a' at train.py:10" in finding
+    assert "rank 1 waits in allreduce 'b' at train.py:20" in finding
 
     n = len(history())
     skipped = Job(size=3, ranks={
