@@ -54,6 +54,8 @@ from horovod.jax.optimizer import DistributedOptimizer, DistributedState  # noqa
 from horovod.jax.tree import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 
 # The public API, listed for `import *`, IDEs and mypy (tests/test_public_names.py holds it to the record).
+from horovod.common.basics import dump_flight_recorder  # noqa: E402  (the hang doctor)
+
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedState", "HorovodInternalError",
     "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
@@ -64,7 +66,7 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
     "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
-    "stop_timeline", "synchronize"
+    "stop_timeline", "synchronize", "dump_flight_recorder"
 ]
 
 

@@ -31,7 +31,7 @@ __all__ = [
     "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "init",
     "is_homogeneous", "is_initialized", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
     "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown",
-    "size", "start_timeline", "stop_timeline"
+    "size", "start_timeline", "stop_timeline", "dump_flight_recorder"
 ]
 
 

@@ -36,7 +36,7 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
     "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
-    "stop_timeline", "synchronize"
+    "stop_timeline", "synchronize", "dump_flight_recorder"
 ]
 
 # The asynchronous collectives, handles, init and shutdown are shared with horovod.torch

@@ -58,7 +58,7 @@ __all__ = [
     "local_rank_op", "local_size", "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
     "num_rank_is_power_2", "process_set_included_op", "rank", "rank_op", "reducescatter", "refs_to_vars",
     "remove_process_set", "rocm_built", "shutdown", "size", "size_op", "split_list", "start_timeline",
-    "stop_timeline", "vars_to_refs"
+    "stop_timeline", "vars_to_refs", "dump_flight_recorder"
 ]
 
 

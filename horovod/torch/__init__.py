@@ -19,7 +19,8 @@ from horovod.torch.mpi_ops import (Adasum, Average, Max, Min, Product, ProcessSe
                                    cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set,
                                    grouped_allgather, grouped_allgather_async, grouped_allreduce,
                                    grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
-                                   grouped_reducescatter, grouped_reducescatter_async, init, is_initialized, join,
+                                   grouped_reducescatter, grouped_reducescatter_async, init, is_homogeneous,
+                                   is_initialized, join,
                                    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
                                    nccl_built, poll, rank, reducescatter, reducescatter_async, remove_process_set,
                                    rocm_built, shutdown, size, sparse_allreduce_async, start_timeline,
@@ -40,5 +41,5 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
     "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async",
-    "start_timeline", "stop_timeline", "synchronize"
+    "start_timeline", "stop_timeline", "synchronize", "dump_flight_recorder", "is_homogeneous"
 ]
