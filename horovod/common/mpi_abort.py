@@ -11,10 +11,15 @@ as horovodrun's own launcher does.  Processes without MPI (horovodrun's tcp/shm 
 from __future__ import annotations
 
 import sys
+import time
 from types import ModuleType
 from typing import Optional
 
 _MARK = "_horovod_mpi_abort"
+#: A collective that failed (a stall error, a mismatch) fails every rank at about the same moment, and each rank
+#: then writes its flight-recorder dump (docs/debugging.md): the job is aborted this much later, so that the
+#: other ranks' dumps are not cut off.
+DUMP_GRACE_SECONDS = 2.0
 
 
 def _initialized_mpi() -> Optional[ModuleType]:
@@ -52,6 +57,10 @@ def install_excepthook() -> None:
         try:
             previous(exc_type, exc, tb)
         finally:
+            from horovod.engine.errors import HorovodInternalError
+
+            if isinstance(exc, HorovodInternalError) and _initialized_mpi() is not None:
+                time.sleep(DUMP_GRACE_SECONDS)
             abort(1)
 
     setattr(hook, _MARK, True)
