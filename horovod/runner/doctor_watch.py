@@ -38,6 +38,8 @@ DIR_ENV = "HOROVOD_FLIGHT_RECORDER_DIR"
 #: How long the launcher waits for the ranks' dumps after asking for them.
 COLLECT_TIMEOUT_S = 5.0
 _POLL_S = 0.1
+#: How long no new dump may appear before the collection counts as complete (children dump after their rank).
+_SETTLE_S = 0.5
 #: Requests this soon after a collection are the same stall seen by another rank (the fast lane warns on each).
 REQUEST_QUIET_S = 10.0
 
@@ -130,6 +132,12 @@ class HangWatch:
                     continue
         return out
 
+    def _dump_count(self) -> int:
+        try:
+            return sum(1 for name in os.listdir(self.directory) if name.endswith(".json"))
+        except OSError:
+            return 0
+
     def _dumped_ranks(self) -> set:
         ranks: set = set()
         try:
@@ -183,6 +191,15 @@ class HangWatch:
                 if live <= self._dumped_ranks():
                     break
                 time.sleep(_POLL_S)
+            # A rank passes the signal on to its forked children (data-loader workers), whose dumps land a little
+            # after the rank's own: wait until no new dump appears for a moment (still bounded by the deadline).
+            count = self._dump_count()
+            while time.monotonic() < deadline:
+                time.sleep(_SETTLE_S)
+                now = self._dump_count()
+                if now == count:
+                    break
+                count = now
             try:
                 with open(os.path.join(self.directory, LAUNCHER_FILE), "w") as handle:
                     json.dump({"reason": reason, "ranks": self._launcher_view(pids)}, handle)
