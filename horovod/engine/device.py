@@ -149,7 +149,8 @@ class DeviceBackend:
         raise NotImplementedError
 
     def to_device(self, dst: DeviceArray, src: np.ndarray, stream: Any) -> None:
-        """Asynchronous host-to-device copy from the pinned ``src``."""
+        """Host-to-device copy from ``src`` (any host array: the backend reads it as contiguous bytes; asynchronous
+        when ``src`` is pinned)."""
         raise NotImplementedError
 
 

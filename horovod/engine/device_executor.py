@@ -191,10 +191,7 @@ class DeviceExecutor:
         transport = self.host.transport_for(set_id)
         wants = self.options.operations != HOST and backend.nccl_capable
         lib = self._library() if wants else None
-        version = 0
-        if lib is not None:
-            major, minor, patch = lib.version
-            version = major * 10000 + minor * 100 + patch
+        version = lib.version_code if lib is not None else 0
         mine = np.array([version, int(wants), _identity(socket.gethostname(), backend.device_id(device)),
                          int(self.options.multi_rank_gpu)], dtype=np.int64)
         records = np.empty(4 * transport.size, dtype=np.int64)
@@ -294,5 +291,5 @@ class DeviceExecutor:
                 stream: Any) -> DeviceArray:
         if target is None or target.shape != tuple(array.shape):
             target = backend.empty(array.shape, dtype, device, stream)
-        backend.to_device(target, np.ascontiguousarray(array), stream)
+        backend.to_device(target, array, stream)   # the backend copies from contiguous host memory
         return target

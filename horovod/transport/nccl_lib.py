@@ -153,6 +153,12 @@ class NcclLibrary:
                                   f"{version_string(MIN_VERSION)} or newer (ncclSend/ncclRecv)")
 
     @property
+    def version_code(self) -> int:
+        """``major*10000 + minor*100 + patch`` (``nccl_built()``'s form, whatever the library's own encoding)."""
+        major, minor, patch = self.version
+        return major * 10000 + minor * 100 + patch
+
+    @property
     def has_avg(self) -> bool:
         """Whether ``ncclAvg`` (and ``ncclBfloat16``) exist."""
         return self.version >= AVG_VERSION
@@ -222,5 +228,4 @@ def version_code(explicit: str = "") -> int:
     lib = try_load(explicit)
     if lib is None:
         return 0
-    major, minor, patch = lib.version
-    return major * 10000 + minor * 100 + patch
+    return lib.version_code
