@@ -11,16 +11,19 @@ import importlib
 import logging
 import secrets
 import socket
-from typing import Sequence
+from typing import Optional, Sequence
+
+import numpy as np
 
 from horovod.engine import config as _config
 from horovod.engine import membership
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.runtime import JobLinks, Runtime
+from horovod.engine.timeline import Timeline
 from horovod.transport import sockets
 from horovod.transport.cpus import bind_process
-from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport, TransportOptions
+from horovod.transport.base import MIN, REGISTRY, Bootstrap, LocalTransport, RoundBoard, TransportOptions
 
 logger = logging.getLogger(__name__)
 
@@ -168,9 +171,30 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
     except Exception:
         control.close()
         raise
+    try:
+        board = _round_board(config, world, boot)
+    except Exception:
+        world.close()
+        control.close()
+        raise
     logger.debug("rank %d: transport %s ready", rank, name)
     job = JobLinks(store=store, epoch=epoch, rendezvous_server=rendezvous_server, mpi_comm=mpi_comm)
-    return Runtime(config, rank, size, world, control, process_sets, job, transport_name=name).start()
+    return Runtime(config, rank, size, world, control, process_sets, job, transport_name=name,
+                   round_board=board).start()
+
+
+def _round_board(config: Config, world, boot: Bootstrap) -> Optional[RoundBoard]:
+    """The warm path's round board: the world transport's own (shared memory on one host), else one over TCP among
+    every rank's log2(size) partners (:mod:`horovod.transport.tcp_rounds`) when every rank agrees to use rounds
+    (a response cache, and no timeline recorded from the start: the timeline shows every negotiation)."""
+    board = world.round_board()
+    if board is not None or boot.size < 2:
+        return board
+    from horovod.transport.tcp_rounds import connect_round_board
+
+    wants = np.array([int(config.cache_capacity > 0 and not Timeline.records(config, boot.rank))], dtype=np.int32)
+    world.allreduce(wants, MIN)   # collective: every rank builds the board, or none
+    return connect_round_board(boot) if wants[0] else None
 
 
 def _mpi_bind_address(comm, one_host: bool, iface: str) -> str:

@@ -181,6 +181,11 @@ class ControlPlane:
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         return self._send_payloads({peer: payload for peer in self.peers})
 
+    def send_many(self, peers: List[int], message: ControlMessage) -> List[int]:
+        """Send ``message`` (pickled once) to each of ``peers``; returns the ranks that could not be reached."""
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        return self._send_payloads({peer: payload for peer in peers})
+
     def send_each(self, messages: Dict[int, ControlMessage]) -> List[int]:
         """Send each peer its own message; returns the ranks that could not be reached."""
         return self._send_payloads({peer: pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)

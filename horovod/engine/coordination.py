@@ -77,6 +77,8 @@ class Coordination:
         invalidate, self.rt._invalidations = self.rt._invalidations, []
         tag = warm.state.posted if warm is not None else 0
         failed = self._send_responses(planned, params, tag, invalidate)
+        if warm is not None:
+            warm.sent_since_post = True   # fence it before the next round (multi-host)
         if failed:
             self.rt._die(PeerFailureError(f"ranks {failed} are unreachable (they exited or crashed). "
                                        f"{SHUTDOWN_MESSAGE}"), notify=True)

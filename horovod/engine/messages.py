@@ -126,6 +126,8 @@ class ControlMessage:
         round: with the warm path, the coordinator's last posted round: the responses run after that round's
             and before the next one's on every rank (:mod:`horovod.engine.rounds`).
         invalidate: response-cache slots every rank drops (before this message's responses assign any).
+        fence: with the warm path across hosts, the last message the coordinator sent before posting round
+            ``round + 1``: a rank that has it has every message run before that round (:mod:`horovod.engine.warm`).
     """
 
     requests: List[object] = field(default_factory=list)
@@ -136,3 +138,4 @@ class ControlMessage:
     params: Optional[Dict[str, object]] = None
     round: int = 0
     invalidate: List[int] = field(default_factory=list)
+    fence: bool = False

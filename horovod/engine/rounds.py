@@ -7,7 +7,8 @@ that slot next to the signature of its own request (:class:`ResponseCache`). Whe
 signature sits in a slot, it does not send anything: it sets the slot's bit in its vector of the next *round*.
 
 Every rank takes part in each round: it posts its vector — hit bits, its cache version, status flags — on the
-round board (:mod:`horovod.transport.shm_rounds`) and ANDs everyone's. A bit set in the AND is a tensor every rank
+round board (:mod:`horovod.transport.shm_rounds` on one host, :mod:`horovod.transport.tcp_rounds` across hosts)
+and ANDs everyone's. A bit set in the AND is a tensor every rank
 has issued with the very request that was validated the last time: each rank takes the cached responses of those
 slots in slot order, fuses them with the same threshold and runs them, exactly as if the coordinator had sent
 them. Nothing reaches rank 0 and nothing is sent down, so a warm step costs every rank the same, whatever the
@@ -24,10 +25,11 @@ What the AND cannot decide goes to the coordinator as today, so errors and misma
 
 Ordering. The coordinator's messages carry ``round``: the last round rank 0 had posted when it sent them. Every
 rank runs a message after finishing that round and before running the next round's hits, so the cold and the warm
-collectives run in one order everywhere (rank 0 sends a message before it posts the next round, and the message
-is already in the receiver's socket when that round completes: the warm path requires ranks of one host, whose
-control connections are Unix sockets). A message may change slots; a round in which ranks posted with different
-cache versions (one had applied a change, another not yet) runs nothing and is posted again.
+collectives run in one order everywhere. Rank 0 sends a message before it posts the next round; a rank reached
+over a Unix socket has the message when that round completes, and a rank reached over TCP (another host) waits for
+the *fence* rank 0 sends after its messages and before that post (the round's :data:`F_FENCED` flag says there is
+one; :mod:`horovod.engine.warm`). A message may change slots; a round in which ranks posted with different cache
+versions (one had applied a change, another not yet) runs nothing and is posted again.
 
 Who posts. A rank posts a round when it has hits it has not posted, when the last round was void, or when another
 rank posted a round it has not (every driving rank answers; an idle rank answers at its background thread's idle
@@ -56,6 +58,7 @@ CACHEABLE = (ops.ALLREDUCE, ops.ALLGATHER, ops.BROADCAST, ops.ALLTOALL, ops.REDU
 # equal iff both ANDs give this rank's own), then one bit per slot.
 _FLAGS, _VERSION, _NOT_VERSION, HEADER_WORDS = 0, 1, 2, 3
 F_JOINED = 1
+F_FENCED = 2   # the coordinator sent messages before posting this round, and a fence after them (multi-host)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -91,6 +94,12 @@ def split_response(resp: Response) -> List[Tuple[int, Response]]:
                                    [resp.splits[i]] if resp.splits else [], None, (), -1, None, resp.group,
                                    device=resp.device)))
     return out
+
+
+def fenced(anded: np.ndarray) -> bool:
+    """Whether a finished round's AND says the coordinator fenced it: every rank whose control connection is TCP
+    must then have received the fence (and so every message sent before it) before it runs the round."""
+    return bool(~anded[_FLAGS] & np.uint64(F_FENCED))
 
 
 class SlotTable:
@@ -240,11 +249,12 @@ class RoundState:
 
     # -- a round ---------------------------------------------------------------------------------------------
 
-    def vector(self) -> np.ndarray:
-        """The next round's vector (and counts it as posted); stale hits must have been taken out first."""
+    def vector(self, fenced: bool = False) -> np.ndarray:
+        """The next round's vector (and counts it as posted); stale hits must have been taken out first.
+        ``fenced``: the coordinator sent a fence before this round (:func:`fenced`)."""
         vec = self._vector
         vec[:] = 0
-        flags = F_JOINED if self.joined else 0
+        flags = (F_JOINED if self.joined else 0) | (F_FENCED if fenced else 0)
         vec[_FLAGS] = ~np.uint64(flags)
         self._posted_version = self.cache.version
         version = np.uint64(self._posted_version)

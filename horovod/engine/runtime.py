@@ -53,7 +53,7 @@ from horovod.engine.negotiation import Coordinator
 from horovod.engine.rounds import SlotTable
 from horovod.engine.timeline import Timeline
 from horovod.engine.warm import WarmPath
-from horovod.transport.base import Transport, TransportError
+from horovod.transport.base import RoundBoard, Transport, TransportError
 from horovod.transport.sockets import PeerError
 
 logger = logging.getLogger(__name__)
@@ -105,11 +105,12 @@ class Runtime:
         static_sets: process sets registered at init, in id order (ids 1, 2, ...).
         job: the store, elastic epoch, rendezvous server and MPI communicator of the job, when there are.
         transport_name: the transport's registered name (default: the world transport's own).
+        round_board: the warm path's board (default: the world transport's, on one host).
     """
 
     def __init__(self, config: Config, rank: int, size: int, world: Transport, control: ControlPlane,
                  static_sets: Sequence[Sequence[int]] = (), job: JobLinks = JobLinks(),
-                 transport_name: Optional[str] = None):
+                 transport_name: Optional[str] = None, round_board: Optional[RoundBoard] = None):
         self.config = config
         self.rank, self.size = rank, size
         self.transport_name = transport_name or world.name
@@ -165,7 +166,8 @@ class Runtime:
         self._spinner = Spinner(default_budget_us(config.topology.local_size, config.spin_us))
         self._lane = FastLane.open(world, config, size, self._spinner.budget_s * 1e6)
         # The warm path (horovod/engine/rounds.py): repeated collectives agreed by one AND per round.
-        self._warm = WarmPath.open(world, config, size, control, self.timeline.enabled)
+        self._warm = WarmPath.open(round_board or world.round_board(), config, size, control,
+                                   self.timeline.enabled, rank == 0)
         self.slot_table = SlotTable(self._warm.state.cache.capacity) if self._warm and rank == 0 else None
         self._invalidations: List[int] = []   # rank 0: slots every rank must drop, sent with the next message
         self._finishing = False
@@ -175,8 +177,8 @@ class Runtime:
         self.responses = Responses(self)
         self.coordination = Coordination(self)
         self.lane_use = LaneUse(self)
-        if self._warm is not None:
-            self._selector.register(self._warm.board.wake_fd, selectors.EVENT_READ, "board")
+        for fd in self._warm.board.fds if self._warm is not None else ():
+            self._selector.register(fd, selectors.EVENT_READ, "board")
         if self._lane is not None:   # [hang doctor] a stall on the lane dumps like the coordinator's
             self._lane.on_stall = lambda: flight_dump.on_stall_warning(self)
         self._thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
@@ -525,11 +527,7 @@ class Runtime:
         readable = []
         for key, _ in events:
             if key.data == "board":
-                try:
-                    while os.read(key.fd, 8):
-                        pass
-                except (BlockingIOError, OSError):
-                    pass
+                warm.board.drain(key.fd)
             elif key.data is None:
                 try:
                     while self._wake_r.recv(4096):
@@ -616,7 +614,7 @@ class Runtime:
             # coordinator sent before the notice (the last responses of a rank that finished).
             self._finishing = True
             try:
-                self._advance_rounds()
+                self._warm.finish_open_round(self._advance_rounds)
             except (PeerError, TransportError, OSError):
                 pass
         reason = msg.reason or SHUTDOWN_MESSAGE
@@ -633,7 +631,8 @@ class Runtime:
                 if self._obey_shutdown(msg):
                     return False
                 if self._warm is not None:
-                    self._warm.deferred.append(msg)   # runs once its round is finished here
+                    if not self._warm.fence(msg):
+                        self._warm.deferred.append(msg)   # runs once its round is finished here
                 else:
                     self._run_message(msg)
         return True
@@ -673,7 +672,10 @@ class Runtime:
         if self.autotuner is not None:
             self._autotune(planned, time.monotonic())
 
-    def _read_control(self) -> None:
-        """A worker: take in whatever the coordinator has sent (kept until its round is finished)."""
-        if self.coordinator is None and 0 in self.control.peers:
+    def _read_control(self) -> bool:
+        """A worker: take in whatever the coordinator has sent (kept until its round is finished); False once the
+        engine is finished. Nothing while it finishes its rounds after a shutdown notice: everything sent before
+        the notice came with it."""
+        if self.coordinator is None and 0 in self.control.peers and not self._finishing:
             self._follow([0])
+        return self._dead is None

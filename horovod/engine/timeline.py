@@ -27,10 +27,15 @@ class Timeline:
 
     @staticmethod
     def create(config, rank: int, transport: str = "tcp") -> "Timeline":
-        path = config.timeline
-        if rank != 0 or not path or path.upper() == "DYNAMIC":
+        if not Timeline.records(config, rank):
             return Timeline()
-        return FileTimeline(path, config.timeline_mark_cycles, transport)
+        return FileTimeline(config.timeline, config.timeline_mark_cycles, transport)
+
+    @staticmethod
+    def records(config, rank: int) -> bool:
+        """Whether ``rank`` records a timeline from the start (rank 0 with ``HOROVOD_TIMELINE`` naming a file)."""
+        path = config.timeline
+        return rank == 0 and bool(path) and path.upper() != "DYNAMIC"
 
     def negotiate(self, request, now: float) -> None: ...
 

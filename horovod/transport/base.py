@@ -10,8 +10,9 @@ Transports register themselves by name in :data:`REGISTRY`; the engine picks one
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -41,6 +42,45 @@ class Finish(Protocol):
 
     def copyto(self, dst: np.ndarray, src: np.ndarray) -> None:
         """Write the finished values of ``src`` into ``dst`` (``np.copyto``'s argument order)."""
+
+
+class RoundBoard(Protocol):
+    """Where the ranks AND a short vector of uint64 words once per engine round, without blocking (the engine's
+    warm path): :class:`horovod.transport.shm_rounds.ShmRoundBoard` on one host,
+    :class:`horovod.transport.tcp_rounds.TcpRoundBoard` across hosts."""
+
+    words: int
+    #: Whether rounds complete only as other ranks pass frames on (they must keep driving until it is done).
+    relayed: bool
+
+    @property
+    def fds(self) -> List[int]:
+        """File descriptors that become readable when the board may have moved (call :meth:`drain` then)."""
+
+    def drain(self, fd: int) -> None:
+        """Take in what woke ``fd``."""
+
+    def post(self, round_no: int, vector: np.ndarray) -> None:
+        """Post this rank's vector of ``round_no`` (rounds are numbered 1, 2, ... and posted in order)."""
+
+    def highest(self) -> int:
+        """The latest round any rank is known to have posted."""
+
+    def complete(self, round_no: int) -> bool:
+        """Whether every rank's vector of ``round_no`` is in."""
+
+    def result(self, round_no: int, length: int, out: np.ndarray) -> bool:
+        """The AND of ``round_no``'s first ``length`` words into ``out``; False while it is not complete."""
+
+    def set_waiting(self, waiting: bool) -> None:
+        """This rank is about to sleep in its selector (a board that wakes sleepers needs to know)."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether some rank takes no part in rounds."""
+
+    def close(self) -> None:
+        """Stop taking part."""
 
 
 class TransportError(RuntimeError):
@@ -126,7 +166,7 @@ class Transport(abc.ABC):
         (:class:`horovod.transport.shm_lane.ShmLane`), or None where the transport has none."""
         return None
 
-    def round_board(self) -> Optional[Any]:
+    def round_board(self) -> Optional[RoundBoard]:
         """A board on which every rank of the group ANDs a short vector of uint64 words once per engine round
         (:class:`horovod.transport.shm_rounds.ShmRoundBoard`), or None where the transport has none."""
         return None
@@ -278,3 +318,9 @@ class Bootstrap:
         self.store, self.secret, self.bind_addr = store, secret, bind_addr
         self.timeout, self.scope = timeout, scope
         self.options = TransportOptions.of(options)
+
+    def scoped(self, suffix: str) -> "Bootstrap":
+        """The same bootstrap under the key prefix ``scope + suffix`` (for a second set of connections)."""
+        twin = copy.copy(self)
+        twin.scope = self.scope + suffix
+        return twin

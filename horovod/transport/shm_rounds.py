@@ -14,6 +14,7 @@ after every rank posted ``r + 1``, which each does only after it finished readin
 """
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
 import numpy as np
@@ -35,6 +36,7 @@ class ShmRoundBoard:
     """
 
     words = ROUND_WORDS
+    relayed = False
 
     def __init__(self, group: ShmGroup):
         self._group = group
@@ -74,6 +76,10 @@ class ShmRoundBoard:
         k = round_no & 1
         return [q for q in range(self.size) if int(self._records[q][k][0]) < round_no]
 
+    def complete(self, round_no: int) -> bool:
+        """Whether every rank posted ``round_no``."""
+        return not self.missing(round_no)
+
     def result(self, round_no: int, length: int, out: np.ndarray) -> bool:
         """AND every rank's vector of ``round_no`` (first ``length`` words) into ``out``; False while some rank has
         not posted it."""
@@ -86,6 +92,20 @@ class ShmRoundBoard:
         for q in range(1, self.size):
             np.bitwise_and(out[:length], records[q][k][1:1 + length], out=out[:length])
         return True
+
+    # -- waking ----------------------------------------------------------------------------------------------
+
+    @property
+    def fds(self) -> List[int]:
+        """File descriptors the engine's selector watches (a post writes this rank's wake-up pipe when it sleeps)."""
+        return [self.wake_fd]
+
+    def drain(self, fd: int) -> None:
+        try:
+            while os.read(fd, 8):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     # -- state -------------------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 from horovod.transport import sockets
 from horovod.transport.base import Bootstrap, TransportError
@@ -40,9 +40,9 @@ class _Acceptor:
     should not call us, or a rank that already connected is logged and dropped.
     """
 
-    def __init__(self, srv: socket.socket, boot: Bootstrap, deadline: float):
+    def __init__(self, srv: socket.socket, boot: Bootstrap, deadline: float, expected: Iterable[int]):
         self._srv, self._boot, self._deadline = srv, boot, deadline
-        self._expected = set(range(boot.rank + 1, boot.size))
+        self._expected = set(expected)
         self.socks: Dict[int, socket.socket] = {}
         self._lock = threading.Lock()
         self._pending = sockets.PendingHandshakes()
@@ -156,8 +156,9 @@ def _connect_to(boot: Bootstrap, peer: int, deadline: float) -> socket.socket:
     return sock
 
 
-def connect_world(boot: Bootstrap) -> List[Optional[socket.socket]]:
-    """One authenticated socket per peer rank (``None`` at this rank's own index).
+def connect_world(boot: Bootstrap, peers: Optional[Iterable[int]] = None) -> List[Optional[socket.socket]]:
+    """One authenticated socket per peer rank (``None`` at this rank's own index, and at ranks outside ``peers``
+    when given: then only those are connected, and each of them must list this rank among its own).
 
     Raises:
         TransportError: a rank did not publish its address, could not be reached, failed the handshake, or did
@@ -169,12 +170,13 @@ def connect_world(boot: Bootstrap) -> List[Optional[socket.socket]]:
     if boot.store is None:
         raise TransportError("tcp bootstrap needs a rendezvous store to exchange addresses (none was given)")
     deadline = time.monotonic() + boot.timeout
+    wanted = set(range(boot.size) if peers is None else peers) - {boot.rank}
     srv = sockets.listen(boot.bind_addr)
-    acceptor = _Acceptor(srv, boot, deadline)
+    acceptor = _Acceptor(srv, boot, deadline, [peer for peer in wanted if peer > boot.rank])
     try:
         boot.store.put(boot.scope, str(boot.rank), f"{_advertised_host(boot)}:{srv.getsockname()[1]}".encode())
         acceptor.start()
-        for peer in range(boot.rank):
+        for peer in sorted(p for p in wanted if p < boot.rank):
             socks[peer] = _connect_to(boot, peer, deadline)
         for peer, sock in acceptor.wait().items():
             socks[peer] = sock
@@ -185,5 +187,5 @@ def connect_world(boot: Bootstrap) -> List[Optional[socket.socket]]:
         raise
     finally:
         sockets.maybe_close(srv)  # nobody may join after the mesh is complete
-    logger.debug("tcp transport: rank %d connected to %d peers", boot.rank, boot.size - 1)
+    logger.debug("tcp transport: rank %d connected to %d peers", boot.rank, len(wanted))
     return socks

@@ -179,17 +179,32 @@ def warm_worker(scenario: str, steps: int) -> dict:
 
 
 
-def _run_warm(scenario, np_, steps=12, env=None, timeout=240):
-    _shm_or_skip()
-    results = run(warm_worker, np_, "shm", args=(scenario, steps), timeout=timeout,
-                  env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1", **(env or {})})
+def _run_warm(scenario, np_, steps=12, env=None, timeout=240, transport="shm", **kwargs):
+    if transport_skip_reason(transport):
+        pytest.skip(transport_skip_reason(transport))
+    results = run(warm_worker, np_, transport, args=(scenario, steps), timeout=timeout,
+                  env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1", **(env or {})}, **kwargs)
     assert_no_failures([r["checks"] for r in results])
     return results
 
 
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_repeated_collectives_in_any_order_run_warm_and_stay_right(np_):
-    results = _run_warm("train", np_)
+    _assert_ran_warm(_run_warm("train", np_))
+
+
+# Across hosts the rounds run over TCP (horovod/transport/tcp_rounds.py): the tcp transport on one host, and the
+# hierarchical one with two host names on this machine (its ranks still reach rank 0 over Unix sockets; the
+# fences of a real second host are exercised by tests/runner/test_ssh_hosts.py's network-namespace hosts).
+@pytest.mark.parametrize("np_,hosts", [(2, None), (3, None), (4, None),
+                                       (4, ["localhost", "localhost", "127.0.0.1", "127.0.0.1"]),
+                                       (3, ["localhost", "localhost", "127.0.0.1"])])
+def test_repeated_collectives_run_warm_over_tcp_rounds(np_, hosts):
+    transport = "tcp" if hosts is None else "hierarchical"
+    _assert_ran_warm(_run_warm("train", np_, transport=transport, hosts=hosts))
+
+
+def _assert_ran_warm(results):
     stats = [r["stats"] for r in results]
     # every rank finished the same rounds and ran the same tensors warm
     assert all(s == stats[0] for s in stats), stats
@@ -198,34 +213,40 @@ def test_repeated_collectives_in_any_order_run_warm_and_stay_right(np_):
     assert warm >= 0.9 * 18 * 11, f"only {warm} tensors of {18 * 11} repeated ones ran warm ({rounds} rounds)"
 
 
-def test_a_mismatch_after_a_tensor_went_warm_reaches_every_rank():
-    results = _run_warm("mismatch", 3)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_mismatch_after_a_tensor_went_warm_reaches_every_rank(transport):
+    results = _run_warm("mismatch", 3, transport=transport)
     for rank, r in enumerate(results):
         assert len(r["errors"]) == 1 and "Mismatched ALLREDUCE tensor shapes" in r["errors"][0], (rank, r["errors"])
         assert "rank" in r["errors"][0]
 
 
-def test_join_while_the_others_repeat_warm_tensors():
-    results = _run_warm("join", 3, steps=8)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_join_while_the_others_repeat_warm_tensors(transport):
+    results = _run_warm("join", 3, steps=8, transport=transport)
     assert results[0]["stats"][1] > 0
 
 
-def test_process_sets_between_warm_rounds():
-    _run_warm("process_sets", 3)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_process_sets_between_warm_rounds(transport):
+    _run_warm("process_sets", 3, transport=transport)
 
 
-def test_a_late_rank_sends_the_waiting_hits_to_the_coordinator_and_results_stay_right():
-    results = _run_warm("late", 2, steps=7)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_late_rank_sends_the_waiting_hits_to_the_coordinator_and_results_stay_right(transport):
+    results = _run_warm("late", 2, steps=7, transport=transport)
     assert results[0]["stats"][1] > 0
 
 
-def test_a_small_cache_evicts_and_stays_right():
-    results = _run_warm("train", 3, steps=8, env={"HOROVOD_CACHE_CAPACITY": "5"})
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_small_cache_evicts_and_stays_right(transport):
+    results = _run_warm("train", 3, steps=8, env={"HOROVOD_CACHE_CAPACITY": "5"}, transport=transport)
     assert all(r["stats"] is not None for r in results)
 
 
-def test_cache_capacity_zero_turns_the_warm_path_off():
-    results = _run_warm("train", 2, steps=4, env={"HOROVOD_CACHE_CAPACITY": "0"})
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_cache_capacity_zero_turns_the_warm_path_off(transport):
+    results = _run_warm("train", 2, steps=4, env={"HOROVOD_CACHE_CAPACITY": "0"}, transport=transport)
     assert all(r["stats"] is None for r in results)
 
 
@@ -366,9 +387,11 @@ def warm_stall_worker() -> dict:
     return out
 
 
-def test_the_stall_inspector_names_the_ranks_missing_for_a_warm_tensor():
-    _shm_or_skip()
-    results = run(warm_stall_worker, 3, "shm", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_the_stall_inspector_names_the_ranks_missing_for_a_warm_tensor(transport):
+    if transport_skip_reason(transport):
+        pytest.skip(transport_skip_reason(transport))
+    results = run(warm_stall_worker, 3, transport, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
     assert results[0]["warned"], results[0]["log"]
     line = next(ln for ln in results[0]["log"].splitlines() if "allreduce.stalled_tensor" in ln)
     assert "[1, 2]" in line, line
@@ -399,9 +422,11 @@ def warm_kill_worker() -> dict:
         hvd.shutdown()
 
 
-def test_a_rank_killed_while_the_others_wait_in_a_round_fails_them_naming_it():
-    _shm_or_skip()
-    results = run(warm_kill_worker, 3, "shm", env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"}, timeout=60,
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_rank_killed_while_the_others_wait_in_a_round_fails_them_naming_it(transport):
+    if transport_skip_reason(transport):
+        pytest.skip(transport_skip_reason(transport))
+    results = run(warm_kill_worker, 3, transport, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"}, timeout=60,
                   expect_failure=True)
     assert results[2][0] == "died", results[2]
     for rank in (0, 1):

@@ -88,6 +88,33 @@ while True:
     time.sleep(0.01)
 """
 
+# A training-shaped loop that goes warm (horovod/engine/rounds.py) across hosts: the rounds run over TCP
+# (horovod/transport/tcp_rounds.py) and hostB's ranks, which reach rank 0 over TCP, wait for its fences. New names
+# every third step keep cold messages coming between warm rounds; every result is checked against numpy.
+WARM_WORKER = r"""
+import numpy as np
+import horovod.numpy as hvd
+from horovod.common import basics
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+bad = 0
+for step in range(30):
+    handles = [hvd.allreduce_async(np.full(50 + i, rank + i, np.float32), op=hvd.Sum, name=f"g{i}")
+               for i in range(12)]
+    for i, h in enumerate(handles):
+        bad += not np.array_equal(hvd.synchronize(h), np.full(50 + i, sum(range(size)) + size * i, np.float32))
+    rows = hvd.allgather(np.full((rank + 1, 2), rank, np.int64), name="rows")
+    bad += not np.array_equal(rows[:, 0], np.repeat(np.arange(size), np.arange(1, size + 1)))
+    bad += hvd.broadcast(np.array([step * 1.0 + rank]), root_rank=size - 1, name="b")[0] != step + size - 1
+    if step % 3 == 0:
+        bad += hvd.allreduce(np.ones(3), op=hvd.Sum, name=f"cold{step}")[0] != size
+warm = basics.runtime()._warm
+print(f"WARM rank={rank} bad={bad} warm={warm.state.warm} rounds={warm.state.rounds} "
+      f"fenced={warm.fenced}", flush=True)
+hvd.shutdown()
+"""
+
 MPI_WORKER = r"""
 import os, socket
 from mpi4py import MPI
@@ -474,6 +501,28 @@ def _have_mpi():
     import shutil
 
     return shutil.which("mpirun") is not None and importlib.util.find_spec("mpi4py") is not None
+
+
+@pytest.mark.parametrize("launch", ["--gloo", "--mpi"])
+def test_repeated_collectives_run_warm_across_two_hosts(cluster, cluster_home, script, launch):
+    if launch == "--mpi" and not _have_mpi():
+        pytest.skip("mpirun and mpi4py are not installed")
+    worker = script(WARM_WORKER)
+    proc = _horovodrun(cluster, cluster_home, ["-np", "4", "-H", "hostA:2,hostB:2", launch, *cluster.ssh_flags(),
+                                               sys.executable, worker])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = {}
+    for line in proc.stdout.splitlines():
+        match = re.search(r"<stdout>:WARM (.*)", line)
+        if match:
+            stats = dict(kv.split("=", 1) for kv in match.group(1).split())
+            found[int(stats["rank"])] = stats
+    assert sorted(found) == [0, 1, 2, 3], proc.stdout + proc.stderr
+    assert all(s["bad"] == "0" for s in found.values()), found
+    # 14 repeated tensors a step; the first step and a few demoted hits are cold
+    assert all(int(s["warm"]) >= 14 * 25 for s in found.values()), found
+    assert len({(s["warm"], s["rounds"]) for s in found.values()}) == 1, found
+    assert all(int(found[r]["fenced"]) > 0 for r in (2, 3)), found   # hostB heard rank 0's fences
 
 
 @pytest.mark.skipif(not _have_mpi(), reason="mpirun and mpi4py are not installed")
