@@ -23,9 +23,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a script: make the checkout (``benchmarks`` and ``horovod``) importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import _launch  # noqa: E402
+from benchmarks._lib import launch as _launch  # noqa: E402
 
 RESULT_TAG = "BENCH_RESULT "
 
@@ -55,7 +56,7 @@ def worker(args) -> None:
 
     import horovod.torch as hvd
     from horovod.engine import state
-    from torch_training import build
+    from benchmarks.torch_training import build
 
     hvd.init()
     rank, _world = hvd.rank(), hvd.size()

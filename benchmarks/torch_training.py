@@ -24,9 +24,10 @@ import sys
 import time
 from typing import Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a script: make the checkout (``benchmarks`` and ``horovod``) importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import _launch  # noqa: E402  (shared launching helpers of the benchmarks)
+from benchmarks._lib import launch as _launch  # noqa: E402
 
 RESULT_TAG = "BENCH_RESULT "
 
