@@ -51,10 +51,10 @@ def _size_label(nbytes: float) -> str:
 
 def _finish(fig, path: str, title: str, note: str) -> str:
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=10, y=0.99)
     if note:
         fig.text(0.01, 0.005, note, fontsize=7, color="0.35", ha="left", va="bottom")
-    fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 0.95 if title else 1))
+    fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 0.94 if title else 1), h_pad=0.6)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=DPI)
     _pyplot().close(fig)
@@ -126,6 +126,15 @@ def bars(groups: Mapping[str, Mapping[str, float]], path: str, title: str = "", 
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, framealpha=0.8)
     return _finish(fig, path, title, note)
+
+
+def throughput(results: Mapping[str, Mapping[str, Mapping[str, float]]], labels: Mapping[str, str], path: str,
+               title: str = "", note: str = "") -> str:
+    """Training throughput: ``results[model][side]["samples_per_sec"]`` as bars per model, sides named by
+    ``labels`` (sides missing there, or without a rate because they failed, are left out)."""
+    groups = {model: {labels[side]: r["samples_per_sec"] for side, r in sides.items()
+                      if side in labels and "samples_per_sec" in r} for model, sides in results.items()}
+    return bars(groups, path, title=title, note=note, ylabel="samples/s (all ranks)")
 
 
 def sibling(path: str, suffix: str) -> str:

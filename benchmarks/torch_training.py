@@ -191,6 +191,13 @@ def main(argv=None) -> None:
               f"{d['cpu_ms_per_step']:>15.1f} |")
     print("\nper-block samples/s: " + json.dumps({m: {s: [round(v) for v in r[s]["blocks"]] for s in r}
                                                   for m, r in results.items()}))
+    if args.chart:
+        from benchmarks import charts
+        from benchmarks._lib.report import chart_note
+
+        charts.throughput(results, {"horovod": "horovod.torch", "ddp": "DDP + Gloo", "local": "no communication"},
+                          args.chart, title=f"torch training, np = {args.np}, batch {args.batch_size}/rank",
+                          note=chart_note(f"{args.blocks} blocks of {args.block_steps} steps per side"))
     if args.scaling and args.np > 1:
         print_scaling(results, run_job(args, 1), args.np)
     if args.threads_effect:

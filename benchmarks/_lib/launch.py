@@ -124,6 +124,8 @@ def add_training_args(parser, models: str, blocks: int, block_steps: int, timeou
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per side first")
     parser.add_argument("--threads", type=int, default=0, help=f"{framework} threads per rank (0: cores / np)")
     parser.add_argument("--timeout", type=float, default=timeout)
+    parser.add_argument("--chart", default=None, metavar="FILE.png",
+                        help="draw samples/s per model and side into FILE.png (needs matplotlib)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
 

@@ -70,3 +70,9 @@ def header(argv: Optional[Sequence[str]]) -> Dict[str, str]:
 def write_json(path: str, payload: Dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=1)
+
+
+def chart_note(what: str = "") -> str:
+    """A chart's footnote: when, on how many cores, at what load (and ``what`` ran: the command's sizes)."""
+    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return f"{now}; {os.cpu_count()} cores; load average {load():.1f}" + (f"; {what}" if what else "")
