@@ -56,7 +56,7 @@ def _finish(fig, path: str, title: str, note: str) -> str:
         fig.text(0.01, 0.005, note, fontsize=7, color="0.35", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 0.94 if title else 1), h_pad=0.6)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")  # "tight": the legends sit outside the axes
     _pyplot().close(fig)
     return path
 
@@ -97,7 +97,8 @@ def bandwidth(panels: Panels, path: str, title: str = "", note: str = "",
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles = [plt.Line2D([], [], color=colors[n], marker="o", markersize=3, label=n) for n in names]
-    axes.flat[0].legend(handles=handles, fontsize=6, loc="upper left", framealpha=0.8)
+    # outside the panels (right of the first row): with many implementations a legend inside hides the lines
+    axes[0, -1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     return _finish(fig, path, title, note)
 
 
@@ -112,7 +113,7 @@ def bars(groups: Mapping[str, Mapping[str, float]], path: str, title: str = "", 
         names += [n for n in series if n not in names]
     colors = _colors(names)
     width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(groups) * max(1, len(names)) ** 0.5 + 2), 3.4))
+    fig, ax = plt.subplots(figsize=(min(8.0, 2.0 + 0.35 * len(groups) * len(names)), 3.2))
     for i, name in enumerate(names):
         xs = [g + (i - (len(names) - 1) / 2) * width for g, series in enumerate(groups.values()) if name in series]
         ys = [series[name] for series in groups.values() if name in series]
@@ -124,7 +125,7 @@ def bars(groups: Mapping[str, Mapping[str, float]], path: str, title: str = "", 
         ax.set_yscale("log")
     ax.set_ylabel(ylabel, fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7, framealpha=0.8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return _finish(fig, path, title, note)
 
 

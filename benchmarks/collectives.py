@@ -75,6 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--skip", default="", help=f"comma-separated parts to skip: {PARTS}")
     args = ap.parse_args(argv)
     cli.resolve_sweep_args(ap, args)
+    if args.chart_from:
+        return cli.redraw(args, TITLE)
     skip = {s for s in args.skip.split(",") if s}
     unknown = skip - set(PARTS.split(","))
     if unknown:

@@ -75,6 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="a transport option (its own job beside the default one); repeatable")
     args = ap.parse_args(argv)
     cli.resolve_sweep_args(ap, args)
+    if args.chart_from:
+        return cli.redraw(args, TITLE)
     wanted = [t for t in args.transport.split(",") if t]
     bad = [t for t in wanted if t not in TRANSPORTS]
     if bad:

@@ -38,6 +38,8 @@ def add_sweep_args(ap: argparse.ArgumentParser, ops_default: str) -> None:
                     help="draw bus bandwidth against size for every implementation (one panel per collective and "
                          "np) into FILE.png, and the latency rows (when measured) into FILE-latency.png; needs "
                          "matplotlib")
+    ap.add_argument("--chart-from", default=None, metavar="RUN.json",
+                    help="measure nothing: draw --chart from the records of an earlier run's --json")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
 
@@ -100,6 +102,19 @@ def draw_charts(path: str, res: Results, ops: Sequence[str], title: str, note: s
     for p in written:
         print(f"chart: {p}", file=sys.stderr)
     return written
+
+
+def redraw(args, title: str) -> int:
+    """``--chart-from RUN.json --chart FILE.png``: the charts of an earlier run, from its JSON records."""
+    import json
+
+    if not args.chart:
+        raise SystemExit("--chart-from needs --chart FILE.png (where to draw)")
+    with open(args.chart_from, encoding="utf-8") as f:
+        run = json.load(f)
+    res = Results(run["records"])
+    ops = [op for op in args.ops if any(k[0] == op for k in res.sweep)]
+    return 0 if draw_charts(args.chart, res, ops, title, chart_note(run["info"])) else 1
 
 
 def rank_entry(argv: Optional[Sequence[str]]) -> bool:
