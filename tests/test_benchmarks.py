@@ -125,7 +125,7 @@ def test_charts_draw_small_pngs_from_synthetic_tables(tmp_path):
     for path in paths:
         with open(path, "rb") as f:
             data = f.read()
-        assert data.startswith(PNG) and 5_000 < len(data) < 100_000, (path, len(data))
+        assert data.startswith(PNG) and 2_000 < len(data) < 100_000, (path, len(data))
     with pytest.raises(ValueError, match="nothing to chart"):
         charts.bandwidth({}, str(tmp_path / "empty.png"))
     assert charts.sibling("out/c.png", "latency") == "out/c-latency.png"
