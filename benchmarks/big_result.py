@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
@@ -34,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the checkout (``benchmark
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._lib import launch  # noqa: E402
-from benchmarks._lib.measure import GIB, fmt_time, format_size, parse_size  # noqa: E402
+from benchmarks._lib.measure import GIB, fmt_time, format_size, parse_size, summarize  # noqa: E402
 from benchmarks._lib.report import header, table, write_json  # noqa: E402
 
 RESULT_TAG = "BENCH_RESULT "
@@ -131,8 +130,9 @@ def render(data: dict, info: Dict[str, str]) -> str:
         s = data["samples_s"][phase]
         if not s:
             continue
-        med = statistics.median(s)
-        rows.append([phase, fmt_time(med), f"{fmt_time(min(s))} – {fmt_time(max(s))}", str(len(s)),
+        stats = summarize(s)
+        med = stats["median_s"]
+        rows.append([phase, fmt_time(med), f"{fmt_time(stats['min_s'])} – {fmt_time(stats['max_s'])}", str(len(s)),
                      f"{data['bytes'] / med / 1e9:.2f}",
                      *(str(data["vmstat"][phase][k]) for k in VMSTAT)])
     lines += table(["phase", "median (slowest rank)", "range", "samples", "GB/s per rank", *VMSTAT], rows)
@@ -170,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.chart:
         from benchmarks import charts
 
-        medians = {p: statistics.median(data["samples_s"][p]) for p in PHASES if data["samples_s"][p]}
+        medians = {p: summarize(data["samples_s"][p])["median_s"] for p in PHASES if data["samples_s"][p]}
         charts.bars({format_size(data["bytes"]): medians}, args.chart, ylabel="seconds (slowest rank)",
                     title=f"{format_size(data['bytes'])} float32 allreduce, np = {data['np']}",
                     note=f"{info['date']}; load average {info['load average']}")
