@@ -23,9 +23,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a script: make the checkout (``benchmarks`` and ``horovod``) importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import _launch  # noqa: E402
+from benchmarks._lib import launch as _launch  # noqa: E402
 
 RESULT_TAG = "BENCH_RESULT "
 
@@ -55,7 +56,7 @@ def worker(args) -> None:
 
     import horovod.torch as hvd
     from horovod.engine import state
-    from torch_training import build
+    from benchmarks.torch_training import build
 
     hvd.init()
     rank, _world = hvd.rank(), hvd.size()
@@ -123,6 +124,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=80, help="training steps per side")
     parser.add_argument("--lat-calls", type=int, default=4000, help="latency calls per side")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--chart", default=None, metavar="FILE.png",
+                        help="draw each row's time with the recorder on ÷ off into FILE.png (needs matplotlib)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -144,6 +147,14 @@ def main(argv=None) -> None:
     for label, r in results.items():
         print(f"| {label} | {r['on']:.1f} | {r['off']:.1f} | {r['on'] / r['off']:.3f} | {r['units']} |")
     print(f"| recorder hooks alone, one collective (ns) | {hooks:.0f} | 0 | | |")
+    if args.chart:
+        from benchmarks import charts
+        from benchmarks._lib.report import chart_note
+
+        groups = {label.split(" (")[0]: {"recorder on ÷ off": r["on"] / r["off"]} for label, r in results.items()}
+        charts.bars(groups, args.chart, ylabel="time on ÷ time off (1 = no cost)", note=chart_note(),
+                    title=f"flight recorder on against off, np = {args.np}")
+
 
 if __name__ == "__main__":
     main()

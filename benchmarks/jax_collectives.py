@@ -27,9 +27,11 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a script: make the checkout (``benchmarks`` and ``horovod``) importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import _launch  # noqa: E402  (shared launching helpers of the benchmarks)
+from benchmarks._lib import launch as _launch  # noqa: E402
+from benchmarks._lib import measure as units  # noqa: E402  (the worker has a function named measure)
 
 RESULT_TAG = "BENCH_RESULT "
 CONTENDERS = ("hvd", "hvd-jit", "psum")
@@ -100,9 +102,9 @@ def worker(args) -> None:
         return {name: statistics.median(ts) for name, ts in times.items()}
 
     rows = []
-    for nbytes in _launch.size_ladder(args.min_size, args.max_size, 4):
+    for nbytes in units.size_ladder(args.min_size, args.max_size, 4):
         local = jnp.full((nbytes // 4,), float(rank + 1), jnp.float32)
-        rows.append({"what": _launch.format_size(nbytes), "bytes": nbytes, **measure(nbytes, local, nbytes)})
+        rows.append({"what": units.format_size(nbytes), "bytes": nbytes, **measure(nbytes, local, nbytes)})
     if args.tree:
         tree = [jnp.full((128, 128), float(rank + i), jnp.float32) for i in range(66)]
         nbytes = sum(t.nbytes for t in tree)
@@ -117,13 +119,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--min-size", type=_launch.parse_size, default=4 * _launch.KIB)
-    parser.add_argument("--max-size", type=_launch.parse_size, default=64 * _launch.MIB)
+    parser.add_argument("--min-size", type=units.parse_size, default=4 * units.KIB)
+    parser.add_argument("--max-size", type=units.parse_size, default=64 * units.MIB)
     parser.add_argument("--no-tree", dest="tree", action="store_false", help="skip the gradient pytree row")
     parser.add_argument("--blocks", type=int, default=5, help="timed blocks per contender and size")
-    parser.add_argument("--target-bytes", type=_launch.parse_size, default=256 * _launch.MIB,
+    parser.add_argument("--target-bytes", type=units.parse_size, default=256 * units.MIB,
                         help="bytes reduced per block (sets the iterations per block)")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--chart", default=None, metavar="FILE.png",
+                        help="draw bus bandwidth against size for each contender into FILE.png (needs matplotlib)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -138,7 +142,7 @@ def main(argv=None) -> None:
     if not result.ok or not lines:
         raise SystemExit(f"the benchmark job failed:\n{result.describe()}")
     data = json.loads(lines[-1].split(RESULT_TAG, 1)[1])
-    factor = _launch.bus_factor("allreduce", data["np"])
+    factor = units.bus_factor("allreduce", data["np"])
     print(f"allreduce (sum, float32) at np = {data['np']}, jax {data['jax']}: median time per operation and bus "
           f"bandwidth")
     print(f"{'size':>20} | " + " | ".join(f"{name:>20}" for name in CONTENDERS) + " | hvd-jit / psum")
@@ -149,6 +153,14 @@ def main(argv=None) -> None:
             cells.append(f"{seconds * 1e3:9.3f} ms {factor * row['bytes'] / seconds / 1e9:5.2f} GB/s")
         print(f"{row['what']:>20} | " + " | ".join(f"{c:>20}" for c in cells) +
               f" | {row['hvd-jit'] / row['psum']:.2f}x")
+    if args.chart:
+        from benchmarks import charts
+        from benchmarks._lib.report import chart_note
+
+        series = {name: [(row["bytes"], factor * row["bytes"] / row[name] / 1e9) for row in data["rows"]
+                         if not row["what"].startswith("pytree")] for name in CONTENDERS}
+        charts.bandwidth({f"allreduce, np = {data['np']}": series}, args.chart, note=chart_note(),
+                         title=f"horovod.jax against jax.lax.psum (jax {data['jax']})")
 
 
 if __name__ == "__main__":

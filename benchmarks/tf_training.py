@@ -28,9 +28,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a script: make the checkout (``benchmarks`` and ``horovod``) importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import _launch  # noqa: E402  (shared launching helpers of the benchmarks)
+from benchmarks._lib import launch as _launch  # noqa: E402
 
 RESULT_TAG = "BENCH_RESULT "
 SIDES = ("horovod", "horovod-nobucket", "mwms")
@@ -176,6 +177,14 @@ def main(argv=None) -> None:
                 print(f"\n{model}, {side}: {r['failed']}")
     print("\nper-block samples/s: " + json.dumps({m: {s: [round(v) for v in r[s]["blocks"]] for s in r
                                                       if "blocks" in r[s]} for m, r in results.items()}))
+    if args.chart:
+        from benchmarks import charts
+        from benchmarks._lib.report import chart_note
+
+        charts.throughput(results, {"horovod": "horovod", "horovod-nobucket": "horovod, no buckets",
+                                    "mwms": "MultiWorkerMirrored"}, args.chart,
+                          title=f"Keras training ({keras_flavour.split(' ')[0]}), np = {args.np}",
+                          note=chart_note(f"{args.blocks} blocks of {args.block_steps} steps per side"))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ import sys
 import time
 from typing import Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a script: make the checkout (``benchmarks`` and ``horovod``) importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import _launch  # noqa: E402  (shared launching helpers of the benchmarks)
+from benchmarks._lib import launch as _launch  # noqa: E402
 
 RESULT_TAG = "BENCH_RESULT "
 
@@ -190,6 +191,13 @@ def main(argv=None) -> None:
               f"{d['cpu_ms_per_step']:>15.1f} |")
     print("\nper-block samples/s: " + json.dumps({m: {s: [round(v) for v in r[s]["blocks"]] for s in r}
                                                   for m, r in results.items()}))
+    if args.chart:
+        from benchmarks import charts
+        from benchmarks._lib.report import chart_note
+
+        charts.throughput(results, {"horovod": "horovod.torch", "ddp": "DDP + Gloo", "local": "no communication"},
+                          args.chart, title=f"torch training, np = {args.np}, batch {args.batch_size}/rank",
+                          note=chart_note(f"{args.blocks} blocks of {args.block_steps} steps per side"))
     if args.scaling and args.np > 1:
         print_scaling(results, run_job(args, 1), args.np)
     if args.threads_effect:

@@ -1,4 +1,4 @@
-"""Shared plumbing for the benchmark scripts: starting jobs (horovodrun, mpirun), sizes, bus-bandwidth factors.
+"""Starting benchmark jobs (horovodrun, mpirun) under a timeout, and the flags the training comparisons share.
 
 Everything here runs in the driver process of a benchmark, never inside a rank.  A job is a whole process tree
 (``horovodrun`` or ``mpirun`` plus its workers): it is started in its own session so that a timeout can kill every
@@ -16,53 +16,7 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
-
-
-# -- sizes -------------------------------------------------------------------------------------------------
-def parse_size(text: str) -> int:
-    """``"4K"``, ``"4KiB"``, ``"64M"``, ``"1.5G"``, ``"4096"`` -> bytes (binary units)."""
-    low = text.strip().lower().rstrip("b").rstrip("i")
-    scale = {"k": KIB, "m": MIB, "g": GIB}.get(low[-1:], 1)
-    number = low[:-1] if scale > 1 else low
-    try:
-        return int(float(number) * scale)
-    except ValueError:
-        raise ValueError(f"cannot read {text!r} as a size; expected e.g. 4096, 4K, 64M or 1G") from None
-
-
-def format_size(nbytes: int) -> str:
-    """Bytes as the shortest exact binary unit: ``4 KiB``, ``64 MiB``, ``8 B``."""
-    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
-
-
-def size_ladder(lo: int, hi: int, factor: int = 4) -> List[int]:
-    """``lo, lo*factor, ...`` up to ``hi``; ``hi`` itself is always the last entry."""
-    out, size = [], lo
-    while size < hi:
-        out.append(size)
-        size *= factor
-    out.append(hi)
-    return out
-
-
-def bus_factor(op: str, nranks: int) -> float:
-    """nccl-tests' busbw / algbw: the share of the message every rank must send over its slowest link."""
-    if nranks <= 1:
-        return 1.0
-    if op in ("allreduce", "allreduce-avg", "allreduce-new"):  # the same reduction: averaged / into a new array
-        return 2.0 * (nranks - 1) / nranks
-    if op in ("allgather", "reducescatter", "alltoall"):
-        return (nranks - 1) / nranks
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(f"no bus factor for collective {op!r}; expected allreduce, allgather, reducescatter, "
-                     f"alltoall or broadcast")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # -- processes ---------------------------------------------------------------------------------------------
@@ -170,6 +124,8 @@ def add_training_args(parser, models: str, blocks: int, block_steps: int, timeou
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per side first")
     parser.add_argument("--threads", type=int, default=0, help=f"{framework} threads per rank (0: cores / np)")
     parser.add_argument("--timeout", type=float, default=timeout)
+    parser.add_argument("--chart", default=None, metavar="FILE.png",
+                        help="draw samples/s per model and side into FILE.png (needs matplotlib)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
 

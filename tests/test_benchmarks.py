@@ -1,0 +1,180 @@
+"""The benchmarks package: every module imports, the targets are well-formed data that the evaluator reads as
+meant, the charts draw, and the shared runner carries a real (tiny) sweep, transport comparison and big-result run
+from launch to report."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO, "benchmarks")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+MIB = 1 << 20
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _modules():
+    for root, dirs, files in os.walk(BENCH):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(root, name), REPO)[:-3].replace(os.sep, ".")
+                yield rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+@pytest.mark.parametrize("module", list(_modules()))
+def test_every_benchmark_module_imports_without_its_framework(module):
+    # Frameworks (torch, tensorflow, jax, mpi4py, matplotlib) are imported inside the functions that use them, so
+    # a numpy-only checkout can import (and --help) every benchmark.
+    importlib.import_module(module)
+
+
+def test_every_module_is_small():
+    sizes = {}
+    for module in _modules():
+        path = os.path.join(REPO, *module.split(".")) + ".py"
+        if not os.path.exists(path):
+            path = os.path.join(REPO, *module.split("."), "__init__.py")
+        with open(path, encoding="utf-8") as f:
+            sizes[module] = sum(1 for _ in f)
+    assert not {m: n for m, n in sizes.items() if n > 500}, f"split the benchmark modules over 500 lines: {sizes}"
+
+
+def test_sizes_and_bus_factors():
+    from benchmarks._lib.measure import bus_factor, format_size, parse_size, size_ladder, summarize
+
+    assert [parse_size(s) for s in ("4096", "4K", "4KiB", "64M", "1.5G")] == [4096, 4096, 4096, 64 * MIB,
+                                                                            3 << 29]
+    assert format_size(64 * MIB) == "64 MiB" and format_size(8) == "8 B"
+    assert size_ladder(4096, 64 * MIB, 16) == [4096, 65536, MIB, 16 * MIB, 64 * MIB]
+    assert bus_factor("allreduce", 4) == 1.5 and bus_factor("allgather", 4) == 0.75
+    assert bus_factor("broadcast", 4) == 1.0
+    with pytest.raises(ValueError, match="no bus factor"):
+        bus_factor("gossip", 2)
+    assert summarize([3.0, 1.0, 2.0])["median_s"] == 2.0
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+def test_targets_are_well_formed_data():
+    from benchmarks._collectives.cases import LABELS, LATENCY_PATTERNS
+    from benchmarks._collectives.verdicts import EVALUATORS
+    from benchmarks.targets import KINDS, TARGETS
+
+    assert set(EVALUATORS) == set(KINDS), "every kind of target needs an evaluator, and only those"
+    assert TARGETS and len(set(TARGETS)) == len(TARGETS), "targets are unique"
+    for t in TARGETS:
+        assert t.kind in KINDS, t
+        assert t.np >= 2 and t.nbytes > 0, t
+        assert f"{t.impl}-shm" in LABELS, f"{t}: no implementation family {t.impl!r}"
+        if t.kind in ("busbw_ratio", "new_result", "fusion_gain"):
+            assert t.at_least and t.at_least > 0, t
+        if t.kind == "busbw_ratio":
+            assert t.peer in LABELS, t
+        if t.kind == "latency":
+            assert t.pattern in LATENCY_PATTERNS and t.at_most_s and t.at_most_s > 0, t
+
+
+def _sweep(impl, op, np_, nbytes, seconds):
+    return {"kind": "sweep", "impl": impl, "op": op, "np": np_, "bytes": nbytes, "median_s": seconds}
+
+
+def test_targets_pass_and_fail_on_synthetic_results():
+    from benchmarks._collectives.results import Results
+    from benchmarks._collectives.verdicts import evaluate
+    from benchmarks.targets import Target
+
+    size = 64 * MIB
+    res = Results([
+        _sweep("engine-shm", "allreduce", 2, size, 0.010),   # 3× Gloo, 1.1× Open MPI
+        _sweep("gloo", "allreduce", 2, size, 0.030),
+        _sweep("openmpi", "allreduce", 2, size, 0.011),
+        _sweep("engine-shm", "allreduce-new", 2, size, 0.0125),   # 80 % of in place
+        {"kind": "latency", "impl": "engine-shm", "np": 2, "pattern": "back to back", "median_s": 50e-6},
+        {"kind": "latency", "impl": "gloo", "np": 2, "pattern": "back to back", "median_s": 100e-6},
+    ])
+    rows = evaluate(res, "shm", [Target("busbw_ratio", peer="gloo", at_least=2.0),
+                                 Target("busbw_ratio", peer="openmpi", at_least=1.2),
+                                 Target("new_result", at_least=0.8),
+                                 Target("latency", pattern="back to back", at_most_s=60e-6, times_faster=3.0),
+                                 Target("fusion_gain", at_least=10.0),
+                                 Target("busbw_ratio", np=4, peer="openmpi", at_least=0.5)])
+    assert [r[-1] for r in rows] == ["PASS", "FAIL", "PASS", "FAIL", "n/a", "n/a"], rows
+    assert "3.00×" in rows[0][1] and "not measured" in rows[4][1]
+
+
+def test_charts_draw_small_pngs_from_synthetic_tables(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks import charts
+
+    panels = {"allreduce, np = 2": {"ours": [(4096, 0.5), (MIB, 4.0), (64 * MIB, 11.0)],
+                                    "theirs": [(4096, 0.05), (MIB, 0.9), (64 * MIB, 1.8)]},
+              "allgather, np = 2": {"ours": [(4096, 0.4), (64 * MIB, 6.0)]}}
+    paths = [charts.bandwidth(panels, str(tmp_path / "bw.png"), title="t", note="synthetic"),
+             charts.bars({"back to back": {"ours": 20.0, "theirs": 110.0}}, str(tmp_path / "lat.png"), log=True),
+             charts.throughput({"mlp": {"horovod": {"samples_per_sec": 600.0}, "ddp": {"failed": "x"}}},
+                               {"horovod": "hvd", "ddp": "DDP"}, str(tmp_path / "sub" / "train.png"))]
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        assert data.startswith(PNG) and 2_000 < len(data) < 100_000, (path, len(data))
+    with pytest.raises(ValueError, match="nothing to chart"):
+        charts.bandwidth({}, str(tmp_path / "empty.png"))
+    assert charts.sibling("out/c.png", "latency") == "out/c-latency.png"
+
+
+def _run(args, timeout=120):
+    env = {**os.environ, "PYTHONPATH": REPO, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env = {k: v for k, v in env.items() if not k.startswith("HOROVOD_")}
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{args} exited with {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_collectives_smoke_run_through_the_runner(tmp_path):
+    """One horovodrun job (np = 2, the engine and its shm transport), its records, report and chart."""
+    out = tmp_path / "run.json"
+    chart = tmp_path / "c.png"
+    args = ["benchmarks/collectives.py", "--np", "2", "--ops", "allreduce,allgather", "--sizes", "4K,64K",
+            "--rounds", "2", "--sample-ms", "2", "--skip", "latency,fusion,memory,memcpy,mpi,tcp,gloo",
+            "--json", str(out), "--job-timeout", "90"]
+    has_mpl = importlib.util.find_spec("matplotlib") is not None
+    proc = _run(args + (["--chart", str(chart)] if has_mpl else []))
+    records = json.loads(out.read_text())["records"]
+    timed = {(r["op"], r["bytes"], r["impl"]) for r in records if r.get("kind") == "sweep" and "median_s" in r}
+    want = {(op, n, impl) for op in ("allreduce", "allgather") for n in (4096, 65536)
+            for impl in ("engine-shm", "raw-shm")}
+    assert timed == want, proc.stdout
+    assert "## Targets" in proc.stdout and "### allgather, np = 2" in proc.stdout
+    if has_mpl:
+        assert chart.read_bytes().startswith(PNG)
+
+
+def test_transports_compares_an_option_on_the_same_sweep(tmp_path):
+    out = tmp_path / "run.json"
+    _run(["benchmarks/transports.py", "--transport", "tcp", "--np", "2", "--sizes", "4K", "--rounds", "2",
+          "--sample-ms", "2", "--option", "tcp_chunk_bytes=65536", "--option", "shm_spin_us=0", "--json",
+          str(out), "--job-timeout", "90"])
+    impls = {r["impl"] for r in json.loads(out.read_text())["records"] if "median_s" in r}
+    # the shm option does not run on tcp
+    assert impls == {"raw-tcp", "raw-tcp-tcp_chunk_bytes=65536"}, impls
+
+
+def test_big_result_small_run(tmp_path):
+    out = tmp_path / "big.json"
+    proc = _run(["benchmarks/big_result.py", "--size", "8M", "--rounds", "1", "--json", str(out),
+                 "--timeout", "90"])
+    data = json.loads(out.read_text())
+    assert data["error"] is None
+    assert all(len(data["samples_s"][p]) == 1 for p in ("first touch", "in place", "new result", "touch, recycled"))
+    assert set(data["vmstat"]["first touch"]) == {"compact_stall", "thp_fault_fallback"}
+    assert "| new result |" in proc.stdout
