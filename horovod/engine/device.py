@@ -14,7 +14,7 @@ the consumer's stream wait for ``done`` when the caller synchronizes.
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -153,6 +153,9 @@ class DeviceBackend:
         when ``src`` is pinned)."""
         raise NotImplementedError
 
+
+#: What the engine moves: a host array, or a binding's device array.
+HostOrDevice = Union[np.ndarray, DeviceArray]
 
 _backends: Dict[str, DeviceBackend] = {}
 
