@@ -5,17 +5,13 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Generic, List, Optional, Sequence
 
 import numpy as np
 
-from horovod.engine.device import DeviceArray, HostOrDevice
+from horovod.engine.device import ArrayT, DeviceArray
 from horovod.engine.messages import Request
 
-#: What an entry's arrays are: host arrays (``Entry[np.ndarray]``) or, on the GPU path, device arrays
-#: (``Entry[DeviceArray]``).  One response's entries are all one or all the other: negotiation refuses a tensor that
-#: is on the GPU on one rank and on the host on another, and a rank issues each tensor once.
-ArrayT = TypeVar("ArrayT", bound=HostOrDevice)
 
 
 class Handle:
