@@ -13,7 +13,6 @@ from horovod.engine.device import ArrayT, DeviceArray
 from horovod.engine.messages import Request
 
 
-
 class Handle:
     """Completion of one enqueued operation (one tensor, or a whole group).
 
@@ -119,6 +118,8 @@ class Entry(Generic[ArrayT]):
         return tensor
 
 
+# The host executor's entries, and the device path's.  One response's entries are all one kind: negotiation refuses
+# a tensor that is on the GPU on one rank and on the host on another.
 HostEntry = Entry[np.ndarray]
 DeviceEntry = Entry[DeviceArray]
 
