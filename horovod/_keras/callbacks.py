@@ -7,7 +7,7 @@ kind correctly.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -16,7 +16,8 @@ import horovod.tensorflow as hvd
 from horovod._keras.flavour import keras as _active_keras, to_float, variables_of
 from horovod.tensorflow.gradient_reducer import variable_key
 
-keras = _active_keras()
+# keras or tf_keras: untyped either way, so its classes are Any to mypy, as if imported directly.
+keras: Any = _active_keras()
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
-        self._restore_momentum = None
+        self._restore_momentum: Optional[float] = None
 
     def _in_range(self, epoch: int) -> bool:
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)

@@ -6,7 +6,9 @@ from typing import Any
 from horovod._keras.flavour import keras as _active_keras
 from horovod.tensorflow.elastic import TensorFlowKerasState
 
-keras = _active_keras()   # the callbacks derive from the Callback of the Keras this process uses
+# The callbacks derive from the Callback of the Keras this process uses (keras or tf_keras: untyped either way,
+# so Any to mypy, as if imported directly).
+keras: Any = _active_keras()
 
 
 class KerasState(TensorFlowKerasState):

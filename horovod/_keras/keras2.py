@@ -11,7 +11,7 @@ iteration counter advances.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from horovod.tensorflow.bridge import not_converted
 from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
@@ -28,7 +28,12 @@ class _Keras2State:
         self.reduced: Dict[int, object] = {}
 
 
-class Keras2DistributedOptimizerMixin:
+# The mixins are only used in front of a Keras optimizer class, which supplies the rest (from_config, build,
+# get_config...). Keras is untyped, so that class is Any to mypy; at run time the mixins derive from object.
+KerasOptimizerBase: Any = object
+
+
+class Keras2DistributedOptimizerMixin(KerasOptimizerBase):
     """Placed in front of a ``tf_keras`` optimizer's class by ``create_distributed_optimizer``."""
 
     def _hvd_configure(self, reducer: GradientReducer, backward_passes_per_step: int,

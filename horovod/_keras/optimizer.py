@@ -7,12 +7,12 @@ module, so saved models contain a plain Keras optimizer and load without Horovod
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Type, TypeVar, cast
 
 from horovod.common.basics import Average
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod._keras import flavour
-from horovod._keras.keras2 import Keras2DistributedOptimizerMixin, copy_state, is_built
+from horovod._keras.keras2 import Keras2DistributedOptimizerMixin, KerasOptimizerBase, copy_state, is_built
 from horovod.tensorflow.bridge import not_converted
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
@@ -22,22 +22,21 @@ from horovod.tensorflow.gradient_reducer import GradientReducer
 class _HorovodState:
     """What the distributed optimizer adds: the reducer and, with local aggregation, its variables."""
 
-    def __init__(self) -> None:
-        self.reducer: Optional[GradientReducer] = None
+    def __init__(self, reducer: GradientReducer) -> None:
+        self.reducer = reducer
         self.passes = 1
         self.aggregation: Optional[LocalGradientAggregationHelper] = None
         self.counter = None
         self.accumulators: Dict[int, object] = {}
 
 
-class _DistributedOptimizerMixin:
+class _DistributedOptimizerMixin(KerasOptimizerBase):
     """Placed in front of the wrapped optimizer's class by :func:`create_distributed_optimizer`."""
 
     def _hvd_configure(self, reducer: GradientReducer, backward_passes_per_step: int,
                        average_aggregated_gradients: bool) -> None:
         # One plain holder object: Keras would wrap (and track) lists and dicts assigned to the optimizer.
-        state = _HorovodState()
-        state.reducer = reducer
+        state = _HorovodState(reducer)
         state.passes = backward_passes_per_step
         if backward_passes_per_step > 1:
             state.aggregation = LocalGradientAggregationHelper(
@@ -104,6 +103,7 @@ class _DistributedOptimizerMixin:
 
 
 _optimizer_classes: Dict[type, type] = {}
+_Mixin = TypeVar("_Mixin")
 
 
 def _check_backend() -> None:
@@ -114,14 +114,14 @@ def _check_backend() -> None:
                          f"'{keras.backend.backend()}' (set KERAS_BACKEND=tensorflow).")
 
 
-def _distributed_class(base: type, mixin: type) -> type:
+def _distributed_class(base: type, mixin: Type[_Mixin]) -> Type[_Mixin]:
     """The subclass of ``base`` with ``mixin`` in front; it keeps ``base``'s name and module so that saved models
     name the plain optimizer."""
     cls = _optimizer_classes.get(base)
     if cls is None:
         cls = _optimizer_classes[base] = type(base.__name__, (mixin, base),
                                               {"__module__": base.__module__, "__qualname__": base.__qualname__})
-    return cls
+    return cast(Type[_Mixin], cls)   # a class of base's kind has mixin's kind in front (one kind per base)
 
 
 def is_distributed(optimizer) -> bool:

@@ -17,23 +17,25 @@ The protocol in brief:
 """
 from __future__ import annotations
 
-from typing import Any, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Generic, List, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 
 from horovod.engine import ops, result_pool
+from horovod.engine.device import ArrayT, HostOrDevice
 from horovod.engine.errors import HorovodInternalError
 
 BFLOAT16 = ops.BFLOAT16
 _BITS = np.dtype(np.uint16)
 
 
-class View:
+class View(Generic[ArrayT]):
     """One tensor as the engine sees it.
 
     Attributes:
         tensor: the caller's tensor.
-        array: C-contiguous numpy array the engine reads (and, for in-place collectives, writes).
+        array: C-contiguous numpy array the engine reads (and, for in-place collectives, writes); a
+            :class:`~horovod.engine.device.DeviceArray` for a tensor in GPU memory (``horovod.torch``).
         dtype: the engine dtype override: ``"bfloat16"`` when ``array`` holds bfloat16 bits, else ``None``.
         staged: True when ``array`` is a private copy, so an in-place result must be written back to ``tensor``
             (and a new result may reuse the copy's memory).
@@ -41,33 +43,33 @@ class View:
 
     __slots__ = ("tensor", "array", "dtype", "staged")
 
-    def __init__(self, tensor: Any, array: np.ndarray, dtype: Optional[str], staged: bool):
+    def __init__(self, tensor: Any, array: ArrayT, dtype: Optional[str], staged: bool):
         self.tensor = tensor
         self.array = array
         self.dtype = dtype
         self.staged = staged
 
 
-class TensorAdapter:
+class TensorAdapter(Generic[ArrayT]):
     """How one framework's tensors become engine arrays and results become tensors again.
 
     Subclasses implement :meth:`view`, :meth:`result` and :meth:`write_back`; the rest has defaults that fit
     every binding so far.
     """
 
-    def view(self, tensor: Any) -> View:
+    def view(self, tensor: Any) -> View[ArrayT]:
         """Validate ``tensor`` and return the engine's view of it (zero-copy where the memory allows)."""
         raise NotImplementedError
 
-    def inplace_view(self, tensor: Any) -> View:
+    def inplace_view(self, tensor: Any) -> View[ArrayT]:
         """The view for an in-place collective (a binding that cannot write back refuses staged tensors here)."""
         return self.view(tensor)
 
-    def result(self, array: np.ndarray, view: View) -> Any:
+    def result(self, array: ArrayT, view: View[ArrayT]) -> Any:
         """The framework's result for ``view.tensor`` holding the engine output ``array`` (storage form)."""
         raise NotImplementedError
 
-    def write_back(self, tensor: Any, array: np.ndarray) -> Any:
+    def write_back(self, tensor: Any, array: ArrayT) -> Any:
         """Copy ``array`` (storage form, ``tensor``'s shape) into ``tensor``; return ``tensor``."""
         raise NotImplementedError
 
@@ -82,14 +84,14 @@ class TensorAdapter:
         return received
 
     # -- used by the shared collectives ---------------------------------------------------------------------
-    def fresh_output(self, view: View) -> np.ndarray:
+    def fresh_output(self, view: View[ArrayT]) -> HostOrDevice:
         """Where a new-result reduction or broadcast writes: the staged copy (already private), or a block from
         the engine's result pool (memory already faulted in; a large fresh allocation costs more than the copy)."""
         if view.staged:
             return view.array
         return result_pool.empty(view.array.shape, view.array.dtype)
 
-    def finish_inplace(self, view: View) -> Any:
+    def finish_inplace(self, view: View[ArrayT]) -> Any:
         """After an in-place collective: write a staged result back; return the caller's tensor."""
         if view.staged:
             return self.write_back(view.tensor, view.array)
@@ -125,21 +127,21 @@ def from_storage(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return array if array.dtype == dtype else array.view(dtype)
 
 
-class ArrayAdapter(TensorAdapter):
+class ArrayAdapter(TensorAdapter[np.ndarray]):
     """numpy arrays (and anything ``np.asarray`` accepts): ``horovod.numpy`` and TensorFlow's kernels."""
 
-    def view(self, tensor: Any) -> View:
+    def view(self, tensor: Any) -> View[np.ndarray]:
         array, copied = c_order(tensor)
         storage, dtype = storage_view(array)
         return View(tensor, storage, dtype, copied)
 
-    def inplace_view(self, tensor: Any) -> View:
+    def inplace_view(self, tensor: Any) -> View[np.ndarray]:
         if not isinstance(tensor, np.ndarray) or not tensor.flags.c_contiguous or not tensor.flags.writeable:
             raise ValueError("in-place collectives need a writeable, C-contiguous numpy array")
         storage, dtype = storage_view(tensor)
         return View(tensor, storage, dtype, False)
 
-    def result(self, array: np.ndarray, view: View) -> np.ndarray:
+    def result(self, array: np.ndarray, view: View[np.ndarray]) -> np.ndarray:
         if view.dtype is None:
             return array
         return array.view(view.tensor.dtype)   # bfloat16 bits back to the caller's (ml_dtypes) bfloat16

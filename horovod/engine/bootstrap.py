@@ -128,6 +128,9 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
         if topo.secret is None:
             raise InitError("HOROVOD_GLOO_RENDEZVOUS_ADDR is set but the job secret is missing from the "
                             "environment; start workers with horovodrun (or horovod.run)")
+        if topo.rendezvous_port is None:
+            raise InitError(f"HOROVOD_GLOO_RENDEZVOUS_ADDR is set ({topo.rendezvous_addr}) but "
+                            f"HOROVOD_GLOO_RENDEZVOUS_PORT is not; start workers with horovodrun (or horovod.run)")
         store = RendezvousClient(topo.rendezvous_addr, topo.rendezvous_port, topo.secret, timeout=timeout)
         secret = topo.secret
         bind_addr = sockets.local_address_for(topo.rendezvous_addr)

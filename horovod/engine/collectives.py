@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from horovod.engine import ops, state
-from horovod.engine.device import DeviceArray
+from horovod.engine.device import DeviceArray, HostOrDevice
 from horovod.engine.errors import InvalidArgumentError
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
@@ -49,7 +49,7 @@ def _runtime():
     return state.runtime()
 
 
-def _contiguous(a) -> np.ndarray:
+def _contiguous(a) -> HostOrDevice:
     """A C-contiguous host array, or a device array as it is (bindings hand those over contiguous)."""
     if isinstance(a, DeviceArray):
         return a
@@ -57,8 +57,13 @@ def _contiguous(a) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, process_set: int,
-             outputs: Optional[Sequence[Optional[np.ndarray]]] = None, dtypes: Optional[Sequence[str]] = None,
+def _ndim(tensor: HostOrDevice) -> int:
+    """``np.ndim``, which reads a device array's ``ndim`` too (typed for both)."""
+    return tensor.ndim if isinstance(tensor, DeviceArray) else np.ndim(tensor)
+
+
+def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *, process_set: int,
+             outputs: Optional[Sequence[Optional[HostOrDevice]]] = None, dtypes: Optional[Sequence[str]] = None,
              op: int = ops.Sum, root: int = -1, prescale: float = 1.0, postscale: float = 1.0,
              splits: Optional[Sequence[Optional[Sequence[int]]]] = None, grouped: bool = False,
              finalize: Optional[Callable] = None) -> Handle:
@@ -66,22 +71,27 @@ def _enqueue(kind: int, tensors: Sequence[np.ndarray], names: Sequence[str], *, 
     handle = Handle(len(tensors), list(names), finalize)
     inline_limit = runtime.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
     entries = []
-    for i, tensor in enumerate(tensors):
-        tensor = _contiguous(tensor)
+    for i, given in enumerate(tensors):
+        tensor = _contiguous(given)
         dtype = ops.dtype_name(tensor, dtypes[i] if dtypes else None)
         device = tensor.device if isinstance(tensor, DeviceArray) else -1
         req = Request(rank=runtime.rank, name=names[i], kind=kind, dtype=dtype, shape=tuple(tensor.shape), op=op,
                       root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
                       # Ranks agree on member names, so the first name keys the group on the coordinator.
-                      group=(names[0], len(tensors)) if grouped else None,
-                      splits=tuple(int(s) for s in splits[i]) if splits and splits[i] is not None else None,
-                      device=device)
-        if tensor.nbytes <= inline_limit and device < 0:
+                      # messages.py annotates group as (int, int); it is (first name, count): fixed there later.
+                      group=(names[0], len(tensors)) if grouped else None,  # type: ignore[arg-type]
+                      splits=_splits_of(splits, i), device=device)
+        if tensor.nbytes <= inline_limit and isinstance(tensor, np.ndarray):   # not on a device
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
             req.payload = tensor.tobytes()
         entries.append(Entry(req, tensor, outputs[i] if outputs else None, handle, i))
     runtime.enqueue(entries, _attended())
     return handle
+
+
+def _splits_of(splits: Optional[Sequence[Optional[Sequence[int]]]], i: int) -> Optional[tuple]:
+    rows = splits[i] if splits else None
+    return tuple(int(s) for s in rows) if rows is not None else None
 
 
 def _single(results):
@@ -101,9 +111,9 @@ def _check_op(op: int, process_set: int, what: str = "allreduce") -> None:
             raise NotImplementedError(f"Adasum requires a power-of-two number of ranks; this job has {size}.")
 
 
-def allreduce_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, op: int = ops.Average,
+def allreduce_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op: int = ops.Average,
                     prescale: float = 1.0, postscale: float = 1.0, process_set: int = 0,
-                    outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
+                    outputs: Optional[Sequence[Optional[HostOrDevice]]] = None,
                     dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
     """Reduce each tensor across the process set (in place when ``outputs[i] is tensors[i]``)."""
     _check_op(op, process_set)
@@ -111,19 +121,19 @@ def allreduce_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, op: 
                     prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single)
 
 
-def allgather_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, process_set: int = 0,
+def allgather_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, process_set: int = 0,
                     dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
     """Concatenate each tensor across ranks along dimension 0 (first dimensions may differ per rank)."""
     for t in tensors:
-        if np.ndim(t) == 0:
+        if _ndim(t) == 0:
             raise InvalidArgumentError("allgather needs a tensor with at least one dimension; got a scalar. "
                              "Reshape it to [1] first.")
     return _enqueue(ops.ALLGATHER, tensors, names, process_set=process_set, dtypes=dtypes, grouped=grouped,
                     finalize=None if grouped else _single)
 
 
-def broadcast_async(tensors: Sequence[np.ndarray], names: Sequence[str], root_rank: int, *, process_set: int = 0,
-                    outputs: Optional[Sequence[Optional[np.ndarray]]] = None,
+def broadcast_async(tensors: Sequence[HostOrDevice], names: Sequence[str], root_rank: int, *, process_set: int = 0,
+                    outputs: Optional[Sequence[Optional[HostOrDevice]]] = None,
                     dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
     """Copy the root's tensors to every rank; ``root_rank`` is a global rank."""
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
@@ -134,16 +144,16 @@ def broadcast_async(tensors: Sequence[np.ndarray], names: Sequence[str], root_ra
                     root=int(root_rank), grouped=grouped, finalize=None if grouped else _single)
 
 
-def alltoall_async(tensor: np.ndarray, name: str, splits: Optional[Sequence[int]] = None, *, process_set: int = 0,
+def alltoall_async(tensor: HostOrDevice, name: str, splits: Optional[Sequence[int]] = None, *, process_set: int = 0,
                    dtype: Optional[str] = None) -> Handle:
     """Send rows ``splits[p]`` to set member p and receive theirs; result ``(output, received_splits)``."""
     runtime = _runtime()
     pset = runtime.sets.get(process_set)
     members = len(pset.ranks) if pset is not None else runtime.size
-    tensor = _contiguous(tensor)
-    if tensor.ndim == 0:
+    array = _contiguous(tensor)
+    if array.ndim == 0:
         raise InvalidArgumentError("alltoall needs a tensor with at least one dimension; got a scalar.")
-    rows = tensor.shape[0]
+    rows = array.shape[0]
     if splits is None:
         if rows % members:
             raise InvalidArgumentError(f"alltoall without splits needs the first dimension ({rows}) to be divisible "
@@ -160,18 +170,18 @@ def alltoall_async(tensor: np.ndarray, name: str, splits: Optional[Sequence[int]
         if sum(split_list) != rows:
             raise InvalidArgumentError(f"alltoall splits sum to {sum(split_list)} but the tensor's first dimension "
                                        f"is {rows}.")
-    return _enqueue(ops.ALLTOALL, [tensor], [name], process_set=process_set, dtypes=[dtype] if dtype else None,
+    return _enqueue(ops.ALLTOALL, [array], [name], process_set=process_set, dtypes=[dtype] if dtype else None,
                     splits=[split_list], finalize=_single)
 
 
-def reducescatter_async(tensors: Sequence[np.ndarray], names: Sequence[str], *, op: int = ops.Average,
+def reducescatter_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op: int = ops.Average,
                         prescale: float = 1.0, postscale: float = 1.0, process_set: int = 0,
                         dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
     """Reduce across ranks and give rank r its block of rows (lower ranks get the extra rows)."""
     if op not in (ops.Sum, ops.Average):
         raise InvalidArgumentError(f"reducescatter supports only Sum and Average, got {ops.OP_NAMES.get(op, op)}.")
     for t in tensors:
-        if np.ndim(t) == 0:
+        if _ndim(t) == 0:
             raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension; got a scalar.")
     return _enqueue(ops.REDUCESCATTER, tensors, names, process_set=process_set, dtypes=dtypes, op=op,
                     prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single)

@@ -14,9 +14,10 @@ the consumer's stream wait for ``done`` when the caller synchronizes.
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 
 class DeviceArray:
@@ -34,7 +35,7 @@ class DeviceArray:
 
     __slots__ = ("owner", "shape", "dtype", "device", "backend", "ready", "done")
 
-    def __init__(self, owner: Any, shape: Sequence[int], dtype: np.dtype, device: int, backend: "DeviceBackend",
+    def __init__(self, owner: Any, shape: Sequence[int], dtype: DTypeLike, device: int, backend: "DeviceBackend",
                  ready: Any = None):
         self.owner = owner
         self.shape = tuple(int(d) for d in shape)
@@ -153,6 +154,11 @@ class DeviceBackend:
         when ``src`` is pinned)."""
         raise NotImplementedError
 
+
+#: What the engine moves: a host array, or a binding's device array.
+HostOrDevice = Union[np.ndarray, DeviceArray]
+#: One of them, where a class holds one kind (``Entry[np.ndarray]``, ``View[DeviceArray]``...).
+ArrayT = TypeVar("ArrayT", bound=HostOrDevice)
 
 _backends: Dict[str, DeviceBackend] = {}
 

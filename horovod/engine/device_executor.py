@@ -22,7 +22,7 @@ import logging
 import socket
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from horovod.engine import device as devices
 from horovod.engine import ops
 from horovod.engine.device import DeviceArray, DeviceBackend
 from horovod.engine.device_nccl import NcclRun, mark_done
-from horovod.engine.handles import Entry
+from horovod.engine.handles import DeviceEntry, Entry, HostEntry
 from horovod.engine.messages import Response
 from horovod.transport import nccl
 from horovod.transport.base import TransportError
@@ -114,7 +114,7 @@ class DeviceExecutor:
         self._turn = 0
 
     # -- entry point ------------------------------------------------------------------------------------
-    def execute(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def execute(self, resp: Response, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
         backend, device = self._backend_of(entries)
         backend.set_device(device)
         plane = self._plane(resp.process_set, backend, device)
@@ -142,10 +142,10 @@ class DeviceExecutor:
     def close(self, abort: bool = True, timeout: float = 30.0) -> None:
         """Free the communicators: aborted after a failure (kernels waiting for a dead peer end); after an orderly
         shutdown destroyed once the engine's streams finished (aborted if they have not within ``timeout``)."""
-        if not abort and self._streams:
-            backend = devices.default_backend()
+        backend = devices.default_backend() if not abort and self._streams else None
+        if backend is not None:
             deadline = time.monotonic() + timeout
-            pending = [backend.record(s) for s in self._streams.values()] if backend is not None else []
+            pending = [backend.record(s) for s in self._streams.values()]
             while pending and time.monotonic() < deadline:
                 pending = [e for e in pending if not backend.query(e)]
                 if pending:
@@ -166,7 +166,7 @@ class DeviceExecutor:
 
     # -- set-up ---------------------------------------------------------------------------------------
     @staticmethod
-    def _backend_of(entries: Sequence[Optional[Entry]]) -> Tuple[DeviceBackend, int]:
+    def _backend_of(entries: Sequence[Optional[DeviceEntry]]) -> Tuple[DeviceBackend, int]:
         for entry in entries:
             if entry is not None and isinstance(entry.tensor, DeviceArray):
                 return entry.tensor.backend, entry.tensor.device
@@ -206,9 +206,16 @@ class DeviceExecutor:
                 logger.warning("horovod: GPU collectives of process set %d are staged through host memory: %s.",
                                set_id, reason)
         else:
-            plane.comms = self._communicators(lib, transport)
+            plane.comms = self._communicators(self._loaded(), transport)
         self._planes[set_id] = plane
         return plane
+
+    def _loaded(self) -> NcclLibrary:
+        """The NCCL library of a set in NCCL mode (which every member, this one included, could load)."""
+        if self._lib is None:
+            raise RuntimeError(f"a process set runs its GPU collectives on NCCL, but this rank has not loaded NCCL "
+                               f"({self._lib_error or 'never tried'}); an engine defect, please report")
+        return self._lib
 
     def _communicators(self, lib: NcclLibrary, transport) -> List[nccl.NcclComm]:
         """One communicator per engine stream; set rank 0 makes the ids and broadcasts them."""
@@ -230,7 +237,7 @@ class DeviceExecutor:
     def _nccl_can_run(self, resp: Response) -> bool:
         """NCCL reduces neither int16/uint16 nor (before 2.10) bfloat16, and Adasum is a host algorithm."""
         if resp.kind in (ops.ALLREDUCE, ops.REDUCESCATTER):
-            return resp.op != ops.Adasum and nccl.reduction_dtype(resp.dtype, self._lib.has_avg) is not None
+            return resp.op != ops.Adasum and nccl.reduction_dtype(resp.dtype, self._loaded().has_avg) is not None
         return True
 
     def _stream(self, backend: DeviceBackend, device: int, index: int) -> Any:
@@ -249,27 +256,30 @@ class DeviceExecutor:
         return buf
 
     # -- HOST mode ----------------------------------------------------------------------------------------
-    def _staged(self, resp: Response, entries: List[Optional[Entry]], backend: DeviceBackend,
+    def _staged(self, resp: Response, entries: Sequence[Optional[DeviceEntry]], backend: DeviceBackend,
                 device: int) -> List[object]:
         """Copy inputs to pinned host memory, run the host executor, copy results back."""
         stream = self._stream(backend, device, 0)
         total = sum(e.tensor.nbytes for e in entries if e is not None and e.tensor is not None)
         if self._pinned.nbytes < total:
             self._pinned = backend.pinned(max(total, 2 * self._pinned.nbytes))
-        host_entries: List[Optional[Entry]] = []
+        host_entries: List[Optional[HostEntry]] = []
         offset = 0
         for entry in entries:
-            if entry is None or entry.tensor is None:
-                host_entries.append(entry)
+            if entry is None:
+                host_entries.append(None)
                 continue
             src = entry.tensor
+            if src is None:   # no data to stage (the host executor treats it as zeros)
+                host_entries.append(Entry(entry.request, None, None, entry.handle, entry.index))
+                continue
             if src.ready is not None:
                 backend.wait(stream, src.ready)
             host = self._pinned[offset:offset + src.nbytes].view(src.dtype).reshape(src.shape)
             offset += src.nbytes
             backend.to_host(host, src, stream)
             inplace = entry.output is entry.tensor
-            host_entries.append(dataclasses.replace(entry, tensor=host, output=host if inplace else None))
+            host_entries.append(Entry(entry.request, host, host if inplace else None, entry.handle, entry.index))
         backend.synchronize(stream)
         results = self.host.execute_on_host(resp, host_entries)
         out: List[object] = []
@@ -279,9 +289,9 @@ class DeviceExecutor:
                 continue
             if isinstance(result, tuple):   # alltoall: (rows, received splits)
                 out.append((self._upload(result[0], None, resp.dtype, backend, device, stream), result[1]))
-            else:
+            else:   # the host executor's results are host arrays (tuples only for alltoall)
                 target = entry.output if isinstance(entry.output, DeviceArray) else None
-                out.append(self._upload(result, target, resp.dtype, backend, device, stream))
+                out.append(self._upload(cast(np.ndarray, result), target, resp.dtype, backend, device, stream))
         done = backend.record(stream)
         mark_done(entries, out, done, backend, stream)
         return out

@@ -14,12 +14,12 @@ import numpy as np
 
 from horovod.engine import ops
 from horovod.engine.device import DeviceArray, DeviceBackend
-from horovod.engine.handles import Entry
+from horovod.engine.handles import DeviceEntry, own_entries
 from horovod.engine.messages import Response
 from horovod.transport import nccl
 
 
-def mark_done(entries: Sequence[Optional[Entry]], results: Sequence[object], done: Any,
+def mark_done(entries: Sequence[Optional[DeviceEntry]], results: Sequence[object], done: Any,
                backend: DeviceBackend, stream: Any) -> None:
     """Attach the completion event to every array the collective touched, and keep their memory alive until the
     engine's stream is past it."""
@@ -44,7 +44,7 @@ class NcclRun:
         self.handle = backend.stream_handle(stream)
         self.set_size = len(owner.host.set_ranks[resp.process_set])
 
-    def execute(self, entries: List[Optional[Entry]]) -> List[object]:
+    def execute(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
         kind = self.resp.kind
         if kind == ops.ALLREDUCE:
             return self._allreduce(entries)
@@ -58,7 +58,7 @@ class NcclRun:
             return self._reducescatter(entries)
         raise ValueError(f"no device implementation of response kind {kind}")
 
-    def finish(self, entries: List[Optional[Entry]], results: List[object]) -> None:
+    def finish(self, entries: Sequence[Optional[DeviceEntry]], results: List[object]) -> None:
         mark_done(entries, results, self.backend.record(self.stream), self.backend, self.stream)
 
     # -- helpers --------------------------------------------------------------------------------------
@@ -73,13 +73,13 @@ class NcclRun:
     def _piece(self, buf: DeviceArray, start: int, count: int) -> DeviceArray:
         return self.backend.slice(buf, start, count, self.resp.dtype)
 
-    def _stage_in(self, entry: Optional[Entry], dst: DeviceArray) -> None:
+    def _stage_in(self, entry: Optional[DeviceEntry], dst: DeviceArray) -> None:
         if entry is None or entry.tensor is None:
             self.backend.fill_zero(dst, self.stream)
         else:
             self.backend.copy(dst, entry.tensor, self.stream)
 
-    def _output(self, entry: Entry, shape: Sequence[int]) -> DeviceArray:
+    def _output(self, entry: DeviceEntry, shape: Sequence[int]) -> DeviceArray:
         if entry.output is None:
             entry.output = self._empty(shape, self.resp.dtype)
         return entry.output
@@ -97,19 +97,22 @@ class NcclRun:
         keep the host path's truncating division)."""
         resp, lib = self.resp, self.comm.lib
         dtype = nccl.reduction_dtype(resp.dtype, lib.has_avg)
+        if dtype is None:   # the device executor stages these through the host instead
+            raise ValueError(f"NCCL cannot reduce {resp.dtype} (tensors {resp.names[:3]}); an engine defect, please "
+                             f"report")
         floating = resp.dtype in ("float16", "float32", "float64", "bfloat16")
         if resp.op == ops.Average and floating and lib.has_avg and resp.postscale == 1.0:
             return dtype, nccl.AVG, True
         return dtype, nccl.reduction_op(ops.TRANSPORT_OP[resp.op], resp.dtype), False
 
     # -- reductions -------------------------------------------------------------------------------------
-    def _allreduce(self, entries: List[Optional[Entry]]) -> List[object]:
+    def _allreduce(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
         resp, backend, stream = self.resp, self.backend, self.stream
         dtype, op, averaged = self._reduce_args()
         if len(entries) == 1 and entries[0] is not None:
-            entry = entries[0]
-            out = self._output(entry, resp.shapes[0])
-            src = entry.tensor
+            single = entries[0]
+            out = self._output(single, resp.shapes[0])
+            src = single.input()
             if resp.prescale != 1.0:
                 if out is not src:
                     backend.copy(out, src, stream)
@@ -140,7 +143,7 @@ class NcclRun:
             offset += n
         return results
 
-    def _reducescatter(self, entries: List[Optional[Entry]]) -> List[object]:
+    def _reducescatter(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
         resp, backend, stream = self.resp, self.backend, self.stream
         size, me = self.comm.size, self.comm.rank
         dtype, op, averaged = self._reduce_args()
@@ -186,7 +189,8 @@ class NcclRun:
         return results
 
     # -- data movement (as bytes: any dtype) -------------------------------------------------------------
-    def _allgather(self, entries: List[Optional[Entry]]) -> List[object]:
+    def _allgather(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:
+        entries = own_entries(slots, "allgather")
         resp, backend, stream = self.resp, self.backend, self.stream
         size, me = self.comm.size, self.comm.rank
         item = ops.storage_dtype(resp.dtype).itemsize
@@ -195,13 +199,13 @@ class NcclRun:
                    for shape, dims in zip(resp.shapes, resp.first_dims)]
         counts = [sum(dims[p] * r for dims, r in zip(resp.first_dims, rows)) for p in range(size)]
         if len(entries) == 1:
-            send, recv = entries[0].tensor, outputs[0]
+            send, recv = entries[0].input(), outputs[0]
         else:
             send = self._fusion(counts[me], resp.dtype)
             offset = 0
             for entry, dims, r in zip(entries, resp.first_dims, rows):
                 n = dims[me] * r
-                backend.copy(self._piece(send, offset, n), entry.tensor, stream)
+                backend.copy(self._piece(send, offset, n), entry.input(), stream)
                 offset += n
             recv = self._empty((sum(counts),), resp.dtype)
         if len(set(counts)) == 1:
@@ -224,42 +228,48 @@ class NcclRun:
                         backend.copy(self._piece(outputs[i], cursors[i], n), self._piece(recv, offset, n), stream)
                     cursors[i] += n
                     offset += n
-        return outputs
+        return list(outputs)
 
-    def _broadcast(self, entries: List[Optional[Entry]]) -> List[object]:
+    def _broadcast(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:
+        entries = own_entries(slots, "broadcast")
         resp, backend, stream = self.resp, self.backend, self.stream
         root = list(self.owner.host.set_ranks[resp.process_set]).index(resp.root)
         item = ops.storage_dtype(resp.dtype).itemsize
         is_root = self.comm.rank == root
+        outputs: List[DeviceArray] = []
         for entry in entries:
-            out = self._output(entry, entry.tensor.shape)
-            if out is not entry.tensor and is_root:
-                backend.copy(out, entry.tensor, stream)
+            tensor = entry.input()
+            out = self._output(entry, tensor.shape)
+            if out is not tensor and is_root:
+                backend.copy(out, tensor, stream)
+            outputs.append(out)
         if len(entries) == 1:
-            out = entries[0].output
+            out = outputs[0]
             self.comm.broadcast(out.ptr, out.ptr, out.nbytes, nccl.BYTES, root, self.handle)
             return [out]
         counts = [prod(s) for s in resp.shapes]
         buf = self._fusion(sum(counts), resp.dtype)
         offset = 0
         if is_root:
-            for entry, n in zip(entries, counts):
-                backend.copy(self._piece(buf, offset, n), entry.output, stream)
+            for out, n in zip(outputs, counts):
+                backend.copy(self._piece(buf, offset, n), out, stream)
                 offset += n
         self.comm.broadcast(buf.ptr, buf.ptr, buf.size * item, nccl.BYTES, root, self.handle)
         offset = 0
-        for entry, n in zip(entries, counts):
-            backend.copy(entry.output, self._piece(buf, offset, n), stream)
+        for out, n in zip(outputs, counts):
+            backend.copy(out, self._piece(buf, offset, n), stream)
             offset += n
-        return [e.output for e in entries]
+        return list(outputs)
 
-    def _alltoall(self, entries: List[Optional[Entry]]) -> List[object]:
+    def _alltoall(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:
+        entries = own_entries(slots, "alltoall")
         resp = self.resp
         size, me = self.comm.size, self.comm.rank
         item = ops.storage_dtype(resp.dtype).itemsize
         results: List[object] = []
         for entry, matrix in zip(entries, resp.splits):
-            shape = entry.tensor.shape
+            tensor = entry.input()
+            shape = tensor.shape
             r = ops.row_elems(shape)
             send_rows = matrix[me]
             recv_rows = [matrix[p][me] for p in range(size)]
@@ -269,7 +279,7 @@ class NcclRun:
                 for p in range(size):
                     n_send, n_recv = send_rows[p] * r, recv_rows[p] * r
                     if n_send:
-                        self.comm.send(self._piece(entry.tensor, sent, n_send).ptr, n_send * item, nccl.BYTES, p,
+                        self.comm.send(self._piece(tensor, sent, n_send).ptr, n_send * item, nccl.BYTES, p,
                                        self.handle)
                     if n_recv:
                         self.comm.recv(self._piece(out, received, n_recv).ptr, n_recv * item, nccl.BYTES, p,

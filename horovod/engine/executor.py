@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from horovod.engine import ops, result_pool
-from horovod.engine.handles import Entry
+from horovod.engine.handles import Entry, HostEntry, own_entries
 from horovod.engine.messages import Response
 from horovod.transport.base import Transport
 
@@ -35,7 +35,7 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
 
 
-def deliver_inline(entry: Entry, payload: bytes, dtype: str, shape: Sequence[int]) -> np.ndarray:
+def deliver_inline(entry: HostEntry, payload: bytes, dtype: str, shape: Sequence[int]) -> np.ndarray:
     """Write an already reduced tiny result into the entry's output (allocated when the call returns a new one)."""
     result = np.frombuffer(payload, dtype=ops.storage_dtype(dtype))
     if entry.output is None:
@@ -90,7 +90,7 @@ class Executor:
         return None if mode == "HOST" else "NCCL"   # host-staged GPU work runs on the host transport
 
     # -- helpers --------------------------------------------------------------------------------------
-    def _stage_in(self, entry: Optional[Entry], shape, dst: np.ndarray, dtype: str) -> None:
+    def _stage_in(self, entry: Optional[HostEntry], shape, dst: np.ndarray, dtype: str) -> None:
         if entry is None or entry.tensor is None:
             dst[...] = 0
         elif dtype == ops.BFLOAT16:
@@ -98,7 +98,7 @@ class Executor:
         else:
             np.copyto(dst, _flat(entry.tensor), casting="no")
 
-    def _stage_out(self, src: np.ndarray, entry: Entry, shape, dtype: str) -> np.ndarray:
+    def _stage_out(self, src: np.ndarray, entry: HostEntry, shape, dtype: str) -> np.ndarray:
         out = entry.output
         if out is None:
             out = result_pool.empty(shape, dtype=ops.storage_dtype(dtype))
@@ -109,13 +109,17 @@ class Executor:
         return out
 
     # -- dispatch -------------------------------------------------------------------------------------
-    def execute(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
-        """Run ``resp``; returns one result per entry (the output array, or a tuple for alltoall)."""
+    def execute(self, resp: Response, entries: Sequence[Optional[Entry[Any]]]) -> List[object]:
+        """Run ``resp``; returns one result per entry (the output array, or a tuple for alltoall).
+
+        The response's device says what the entries hold: negotiation refuses a tensor that is on the GPU on one
+        rank and on the host on another, so this rank's entries of a device response are device arrays.
+        """
         if resp.device >= 0 and resp.kind != ops.BARRIER:
             return self.devices.execute(resp, entries)
         return self.execute_on_host(resp, entries)
 
-    def execute_on_host(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def execute_on_host(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         """Run ``resp`` on host arrays with the CPU transports."""
         kind = resp.kind
         if kind == ops.ALLREDUCE:
@@ -146,25 +150,27 @@ class Executor:
         return ops.finisher(resp.op, resp.postscale, len(self.set_ranks[resp.process_set]))
 
     # -- reductions -----------------------------------------------------------------------------------
-    def _allreduce(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def _allreduce(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         transport = self.transport_for(resp.process_set)
         pre = resp.prescale
         op = ops.TRANSPORT_OP[resp.op]
         if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16:
-            entry = entries[0]
-            if entry.output is None:
-                entry.output = result_pool.empty_like(entry.tensor)
-            buf = _flat(entry.output)
-            separate = entry.output is not entry.tensor and not np.shares_memory(entry.output, entry.tensor)
+            single = entries[0]
+            tensor = single.input()
+            if single.output is None:
+                single.output = result_pool.empty_like(tensor)
+            output = single.output
+            buf = _flat(output)
+            separate = output is not tensor and not np.shares_memory(output, tensor)
             if separate and pre == 1:
                 # Reduced straight from the input into the result: one pass over memory less than copy + in place.
-                transport.allreduce_into(_flat(entry.tensor), buf, op, self._finisher(resp))
+                transport.allreduce_into(_flat(tensor), buf, op, self._finisher(resp))
             else:
                 if separate:
-                    np.copyto(buf, _flat(entry.tensor), casting="no")
+                    np.copyto(buf, _flat(tensor), casting="no")
                 ops.scale_inplace(buf, pre)
                 transport.allreduce_into(buf, buf, op, self._finisher(resp))
-            return [entry.output]
+            return [output]
         counts = [prod(s) for s in resp.shapes]
         buf = self.fusion.get(sum(counts), ops.compute_dtype(resp.dtype))
         offset = 0
@@ -181,14 +187,18 @@ class Executor:
             offset += n
         return results
 
-    def _inline_result(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def _inline_result(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         """The coordinator already reduced this tiny tensor: copy its result out."""
         entry = entries[0]
         if entry is None:
             return [None]
-        return [deliver_inline(entry, resp.payload, resp.dtype, resp.shapes[0])]
+        payload = resp.payload
+        if not isinstance(payload, bytes):
+            raise TypeError(f"an inline allreduce response for {resp.names[:3]} carries {type(payload).__name__}, "
+                            f"expected the reduced bytes (an engine defect; please report)")
+        return [deliver_inline(entry, payload, resp.dtype, resp.shapes[0])]
 
-    def _adasum(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def _adasum(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         """Adasum by recursive doubling: partners exchange vectors and combine them scale-invariantly."""
         transport = self.transport_for(resp.process_set)
         results: List[object] = []
@@ -231,7 +241,7 @@ class Executor:
             results.append(out)
         return results
 
-    def _reducescatter(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def _reducescatter(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         transport = self.transport_for(resp.process_set)
         size, me = transport.size, transport.rank
         pre = resp.prescale
@@ -241,11 +251,11 @@ class Executor:
         counts = [sum(sp[p] * r for sp, r in zip(splits, rows)) for p in range(size)]
         if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16 and pre == 1.0:
             # One tensor is already laid out block by block: reduce straight from it into the result.
-            entry, shape = entries[0], resp.shapes[0]
+            single, shape = entries[0], resp.shapes[0]
             out = result_pool.empty((splits[0][me],) + tuple(shape[1:]), dtype=cdt)
-            transport.reducescatter(_flat(entry.tensor), _flat(out), counts, ops.TRANSPORT_OP[resp.op])
+            transport.reducescatter(_flat(single.input()), _flat(out), counts, ops.TRANSPORT_OP[resp.op])
             self._finish(out, resp)
-            entry.output = out
+            single.output = out
             return [out]
         send = self.fusion.get(sum(counts), cdt)
         # Lay out rank p's block as the concatenation of every tensor's p-th slice.
@@ -254,7 +264,7 @@ class Executor:
             for entry, sp, r in zip(entries, splits, rows):
                 n = sp[p] * r
                 start = sum(sp[:p]) * r
-                src = None if entry is None else _flat(entry.tensor)[start:start + n]
+                src = None if entry is None else _flat(entry.input())[start:start + n]
                 if src is None:
                     send[offset:offset + n] = 0
                 elif resp.dtype == ops.BFLOAT16:
@@ -280,7 +290,8 @@ class Executor:
         return results
 
     # -- data movement --------------------------------------------------------------------------------
-    def _allgather(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def _allgather(self, resp: Response, slots: Sequence[Optional[HostEntry]]) -> List[object]:
+        entries = own_entries(slots, "allgather")
         transport = self.transport_for(resp.process_set)
         size, me = transport.size, transport.rank
         sdt = ops.storage_dtype(resp.dtype)
@@ -289,14 +300,14 @@ class Executor:
                    for shape, dims in zip(resp.shapes, resp.first_dims)]
         if len(entries) == 1:
             counts = [d * rows[0] for d in resp.first_dims[0]]
-            transport.allgatherv(_flat(entries[0].tensor), _flat(outputs[0]), counts)
-            return outputs
+            transport.allgatherv(_flat(entries[0].input()), _flat(outputs[0]), counts)
+            return list(outputs)
         counts = [sum(dims[p] * r for dims, r in zip(resp.first_dims, rows)) for p in range(size)]
         send = self.fusion.get(counts[me], sdt)
         offset = 0
         for entry, dims, r in zip(entries, resp.first_dims, rows):
             n = dims[me] * r
-            np.copyto(send[offset:offset + n], _flat(entry.tensor), casting="no")
+            np.copyto(send[offset:offset + n], _flat(entry.input()), casting="no")
             offset += n
         recv = result_pool.empty(sum(counts), dtype=sdt)
         transport.allgatherv(send, recv, counts)
@@ -308,46 +319,52 @@ class Executor:
                 _flat(outputs[i])[cursors[i]:cursors[i] + n] = recv[offset:offset + n]
                 cursors[i] += n
                 offset += n
-        return outputs
+        return list(outputs)
 
-    def _broadcast(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def _broadcast(self, resp: Response, slots: Sequence[Optional[HostEntry]]) -> List[object]:
+        entries = own_entries(slots, "broadcast")
         transport = self.transport_for(resp.process_set)
         root = list(self.set_ranks[resp.process_set]).index(resp.root)
         sdt = ops.storage_dtype(resp.dtype)
+        outputs: List[np.ndarray] = []
         for entry in entries:
+            tensor = entry.input()
             if entry.output is None:
-                entry.output = result_pool.empty_like(entry.tensor)
-            if entry.output is not entry.tensor and transport.rank == root:
-                np.copyto(entry.output, entry.tensor, casting="no")
+                entry.output = result_pool.empty_like(tensor)
+            if entry.output is not tensor and transport.rank == root:
+                np.copyto(entry.output, tensor, casting="no")
+            outputs.append(entry.output)
         if len(entries) == 1:
-            transport.broadcast(_flat(entries[0].output), root)
-            return [entries[0].output]
+            transport.broadcast(_flat(outputs[0]), root)
+            return [outputs[0]]
         counts = [prod(s) for s in resp.shapes]
         buf = self.fusion.get(sum(counts), sdt)
         offset = 0
         if transport.rank == root:
-            for entry, n in zip(entries, counts):
-                np.copyto(buf[offset:offset + n], _flat(entry.output), casting="no")
+            for out, n in zip(outputs, counts):
+                np.copyto(buf[offset:offset + n], _flat(out), casting="no")
                 offset += n
         transport.broadcast(buf, root)
         offset = 0
-        for entry, n in zip(entries, counts):
-            np.copyto(_flat(entry.output), buf[offset:offset + n], casting="no")
+        for out, n in zip(outputs, counts):
+            np.copyto(_flat(out), buf[offset:offset + n], casting="no")
             offset += n
-        return [e.output for e in entries]
+        return list(outputs)
 
-    def _alltoall(self, resp: Response, entries: List[Optional[Entry]]) -> List[object]:
+    def _alltoall(self, resp: Response, slots: Sequence[Optional[HostEntry]]) -> List[object]:
+        entries = own_entries(slots, "alltoall")
         transport = self.transport_for(resp.process_set)
         me = transport.rank
         sdt = ops.storage_dtype(resp.dtype)
         results: List[object] = []
         for entry, matrix in zip(entries, resp.splits):
-            shape = entry.tensor.shape
+            tensor = entry.input()
+            shape = tensor.shape
             r = _row_elems(shape)
             send_rows = matrix[me]
             recv_rows = [matrix[p][me] for p in range(transport.size)]
             out = result_pool.empty((sum(recv_rows),) + tuple(shape[1:]), dtype=sdt)
-            transport.alltoallv(_flat(entry.tensor), [s * r for s in send_rows], _flat(out),
+            transport.alltoallv(_flat(tensor), [s * r for s in send_rows], _flat(out),
                                 [s * r for s in recv_rows])
             results.append((out, np.asarray(recv_rows, dtype=np.int32)))
         return results

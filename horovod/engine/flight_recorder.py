@@ -95,9 +95,9 @@ class FlightRecorder:
         for event in events:
             when, code = event[0], event[1]
             if code == ENQUEUED:
-                rec = _record_of(event)
-                records.append(rec)
-                open_by_key[(rec["process_set"], rec["name"])] = rec
+                new = _record_of(event)
+                records.append(new)
+                open_by_key[(new["process_set"], new["name"])] = new
                 continue
             if code == NEGOTIATED:
                 batch_time = when

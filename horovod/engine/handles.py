@@ -5,10 +5,11 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Generic, List, Optional, Sequence
 
 import numpy as np
 
+from horovod.engine.device import ArrayT, DeviceArray
 from horovod.engine.messages import Request
 
 
@@ -90,22 +91,50 @@ class Handle:
 
 
 @dataclass
-class Entry:
+class Entry(Generic[ArrayT]):
     """One tensor of an enqueued operation, as the background thread sees it.
 
     Attributes:
         request: what is sent to the coordinator.
-        tensor: the input array (C-contiguous; bfloat16 as uint16).
+        tensor: the input array (C-contiguous; bfloat16 as uint16); ``None`` for the requests that carry no data
+            (barrier, join, process-set changes).
         output: where the result goes (may be ``tensor`` for in-place ops); ``None`` to let the engine allocate.
         handle: the handle to complete.
         index: this tensor's slot in the handle.
     """
 
     request: Request
-    tensor: Optional[np.ndarray]
-    output: Optional[np.ndarray]
+    tensor: Optional[ArrayT]
+    output: Optional[ArrayT]
     handle: Handle
     index: int = 0
+
+    def input(self) -> ArrayT:
+        """:attr:`tensor`, for a collective that moves data (every such request carries its tensor)."""
+        tensor = self.tensor
+        if tensor is None:
+            raise RuntimeError(f"tensor '{self.request.name}' reached the data plane without an input array: only "
+                               f"barrier, join and process-set requests carry none (an engine defect; please report)")
+        return tensor
+
+
+# The host executor's entries, and the device path's.  One response's entries are all one kind: negotiation refuses
+# a tensor that is on the GPU on one rank and on the host on another.
+HostEntry = Entry[np.ndarray]
+DeviceEntry = Entry[DeviceArray]
+
+
+def own_entries(entries: Sequence[Optional[Entry[ArrayT]]], kind: str) -> List[Entry[ArrayT]]:
+    """``entries`` of a response that no joined rank takes part in, all of them this rank's own.
+
+    A joined rank's slots are ``None``, and only allreduce runs while a rank has joined (negotiation refuses the
+    other kinds then), so a ``None`` here is an engine defect.
+    """
+    own = [entry for entry in entries if entry is not None]
+    if len(own) != len(entries):
+        raise RuntimeError(f"a {kind} response reached the data plane with a joined rank's empty slot; only "
+                           f"allreduce runs while a rank has joined (an engine defect; please report)")
+    return own
 
 
 class HandleTable:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from math import prod
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -42,7 +42,14 @@ def split_rows(rows: int, parts: int) -> List[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
-def dtype_name(array: np.ndarray, override: Optional[str] = None) -> str:
+class Typed(Protocol):
+    """Anything with a numpy ``dtype``: a host array, or a :class:`~horovod.engine.device.DeviceArray`."""
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+
+def dtype_name(array: Typed, override: Optional[str] = None) -> str:
     """The engine's name for an array's element type (``override`` marks uint16 storage as bfloat16).
 
     Raises:

@@ -5,7 +5,7 @@ A part of :class:`horovod.engine.runtime.Runtime`, run by whoever drives progres
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Tuple, cast
 
 from horovod.engine import flight_dump, naming, ops
 from horovod.engine.errors import InvalidArgumentError, MismatchError, StallError
@@ -36,12 +36,14 @@ class Responses:
                 # Joined: this rank takes part in what the others run without issuing it (see naming.py).
                 naming.skip_unnamed(resp.names, resp.process_set)
             if resp.kind == ops.ADD_PROCESS_SET:
-                set_id, ranks = resp.payload
+                # The coordinator's payload: (the new set's id, its sorted global ranks).
+                set_id, ranks = cast(Tuple[int, Tuple[int, ...]], resp.payload)
                 self.rt._register_set(set_id, ranks)
                 self._complete(resp, [set_id])
                 continue
             if resp.kind == ops.REMOVE_PROCESS_SET:
-                set_id, existed = resp.payload
+                # The coordinator's payload: (the id asked for, whether such a set existed).
+                set_id, existed = cast(Tuple[int, bool], resp.payload)
                 info = self.rt.sets.pop(set_id, None)
                 if info is not None and info.transport is not None and info.transport is not self.rt.world:
                     info.transport.close()

@@ -25,7 +25,7 @@ import bisect
 import collections
 import threading
 import time
-from typing import Callable, Dict, List, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class _Lease:
     __slots__ = ("block", "__array_interface__", "__weakref__")
 
     def __init__(self, block: np.ndarray, shape: Tuple[int, ...], dtype: np.dtype):
-        self.block = block
+        self.block: Optional[np.ndarray] = block
         self.__array_interface__ = {"shape": tuple(shape), "typestr": dtype.str, "descr": dtype.descr,
                                     "data": (block.ctypes.data, False), "strides": None, "version": 3}
 
@@ -147,11 +147,15 @@ _POOL = ResultPool()
 def empty(shape: Union[int, Sequence[int]], dtype) -> np.ndarray:
     """A new, writeable, C-contiguous array for a collective's result (contents undefined)."""
     dtype = np.dtype(dtype)
-    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    dims: Tuple[int, ...]
+    if np.ndim(shape) == 0:   # an int or a numpy integer
+        dims = (int(cast(int, shape)),)
+    else:
+        dims = tuple(int(d) for d in cast(Sequence[int], shape))
+    nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
     if nbytes < MIN_BYTES or dtype.hasobject:
-        return np.empty(shape, dtype=dtype)
-    return np.asarray(_Lease(_POOL.take(nbytes), shape, dtype))
+        return np.empty(dims, dtype=dtype)
+    return np.asarray(_Lease(_POOL.take(nbytes), dims, dtype))
 
 
 def empty_like(array: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import IO, Dict, List, Optional
 
 from horovod.engine import ops
 
@@ -65,7 +65,7 @@ class FileTimeline(Timeline):
         self._queue: "queue.Queue[Optional[List[dict]]]" = queue.Queue()
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        self._file = open(path, "w", encoding="utf-8")
+        self._file: Optional[IO[str]] = open(path, "w", encoding="utf-8")
         self._first = True
         self._write_events([
             {"name": "process_name", "ph": "M", "pid": 0,

@@ -13,7 +13,7 @@ gradients in descending priority (ties in call order), which is the same on ever
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 import numpy as np
@@ -34,7 +34,10 @@ from horovod.engine.collectives import blocking
 
 logger = logging.getLogger(__name__)
 
-NDArray = mx.nd.NDArray
+if TYPE_CHECKING:
+    from mxnet.ndarray import NDArray   # mxnet is untyped: Any to mypy, but usable in annotations
+else:
+    NDArray = mx.nd.NDArray
 
 
 # -- NDArray <-> numpy ----------------------------------------------------------------------------------------
@@ -75,14 +78,14 @@ def write_back(tensor: NDArray, array: np.ndarray) -> NDArray:
     return tensor
 
 
-class MxnetAdapter(TensorAdapter):
+class MxnetAdapter(TensorAdapter[np.ndarray]):
     """NDArrays cross as fresh host copies (``asnumpy`` orders the copy after MXNet's pending writes), so every
     view is staged: results are new NDArrays on the input's context, in-place results are written back."""
 
-    def view(self, tensor: NDArray) -> View:
+    def view(self, tensor: NDArray) -> View[np.ndarray]:
         return View(tensor, np.ascontiguousarray(tensor.asnumpy()), None, True)
 
-    def result(self, array: np.ndarray, view: View) -> NDArray:
+    def result(self, array: np.ndarray, view: View[np.ndarray]) -> NDArray:
         return from_numpy(np.ascontiguousarray(array), view.tensor)
 
     def write_back(self, tensor: NDArray, array: np.ndarray) -> NDArray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 import mxnet as mx
 import numpy as np
@@ -52,7 +52,7 @@ def _check_num_groups(num_groups: int, who: str) -> int:
 
 def allreduce_gradients(grads: Sequence[Sequence[mx.nd.NDArray]], names: Sequence[str], *,
                         predivide: float, num_groups: int, process_set: ProcessSet,
-                        compression: type = Compression.none) -> None:
+                        compression: Type[Compressor] = Compression.none) -> None:
     """Sum gradients over the process set, in place.
 
     Args:
@@ -192,7 +192,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     """
 
     def __init__(self, params, optimizer, optimizer_params: Optional[dict] = None,
-                 compression: type = Compression.none, gradient_predivide_factor: float = 1.0,
+                 compression: Type[Compressor] = Compression.none, gradient_predivide_factor: float = 1.0,
                  prefix: Optional[str] = None, num_groups: int = 0, process_set: ProcessSet = global_process_set):
         if prefix is not None and not isinstance(prefix, str):
             raise ValueError(f"DistributedTrainer: prefix must be a string or None, got {prefix!r}.")

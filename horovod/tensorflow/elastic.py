@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -158,7 +158,7 @@ class TensorFlowState(ObjectState):
             with session.graph.as_default():
                 self._placeholders = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape) for v in self.variables]
                 self._assign_op = tf.group(*[v.assign(p) for v, p in zip(self.variables, self._placeholders)])
-                self._bcast_ops = {}
+                self._bcast_ops: Dict[int, Any] = {}   # root rank -> its broadcast op
         self._saved = self._eval()
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
 

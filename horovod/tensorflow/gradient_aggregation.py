@@ -11,7 +11,7 @@ control dependencies) run them too.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -53,7 +53,7 @@ class LocalGradientAggregationHelper:
         self.allreduce_func = allreduce_func
         self.average_aggregated_gradients = average_aggregated_gradients
         self.name = name
-        self.counter = None
+        self.counter: Any = None   # the int64 tf.Variable counting passes (made with the accumulators)
         self.accumulators: Optional[List] = None
         self._apply_flag = None
 
@@ -62,7 +62,7 @@ class LocalGradientAggregationHelper:
         self.counter = counter
         self.accumulators = list(accumulators)
 
-    def _make_variables(self, variables: Sequence) -> None:
+    def _make_variables(self, variables: Sequence) -> List:
         prefix = f"{self.name}_" if self.name else ""
         # init_scope lifts creation out of tf.function / tf.cond, so the variables exist once, outside the step.
         with tf.init_scope():
@@ -71,15 +71,17 @@ class LocalGradientAggregationHelper:
                                         name=f"{prefix}aggregated_gradient_{i}")
                             for i, v in enumerate(variables)]
         self.set_variables(counter, accumulators)
+        return accumulators
 
     @not_converted
     def compute_gradients(self, grads: Sequence, variables: Sequence) -> List:
         """Accumulate ``grads``; returns the reduced accumulated gradients (meaningful on the reducing step)."""
         grads = [_dense(g) for g in grads]
-        if self.accumulators is None:
-            self._make_variables(variables)
+        accumulators = self.accumulators
+        if accumulators is None:
+            accumulators = self._make_variables(variables)
         live = [i for i, g in enumerate(grads) if g is not None]
-        updates = [self.accumulators[i].assign_add(tf.cast(grads[i], self.accumulators[i].dtype)) for i in live]
+        updates = [accumulators[i].assign_add(tf.cast(grads[i], accumulators[i].dtype)) for i in live]
         with tf.control_dependencies(_deps(updates)):
             new_count = self.counter.assign_add(1)
             with tf.control_dependencies(_deps([new_count])):

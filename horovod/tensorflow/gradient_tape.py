@@ -1,7 +1,7 @@
 """DistributedGradientTape: a ``tf.GradientTape`` whose ``gradient()`` returns gradients reduced across ranks."""
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Type, cast
 
 import tensorflow as tf
 
@@ -54,7 +54,7 @@ class _DistributedGradientTapeMixin:
         self._hvd_reducer.register_local(source)
 
 
-_tape_classes: Dict[type, type] = {}
+_tape_classes: Dict[type, Type[_DistributedGradientTapeMixin]] = {}
 
 
 def _wrap(gradtape: tf.GradientTape, reducer: GradientReducer) -> tf.GradientTape:
@@ -63,8 +63,9 @@ def _wrap(gradtape: tf.GradientTape, reducer: GradientReducer) -> tf.GradientTap
         raise ValueError("The gradient tape is already a DistributedGradientTape; wrap the plain tape once.")
     cls = _tape_classes.get(base)
     if cls is None:
-        cls = _tape_classes[base] = type(base.__name__, (_DistributedGradientTapeMixin, base),
-                                         {"__module__": base.__module__})
+        cls = _tape_classes[base] = cast(Type[_DistributedGradientTapeMixin],
+                                         type(base.__name__, (_DistributedGradientTapeMixin, base),
+                                              {"__module__": base.__module__}))
     tape = cls.__new__(cls)
     # Share the recorded state: the tape may already have recorded the forward pass, or be entered later.
     tape.__dict__.update(gradtape.__dict__)

@@ -250,7 +250,7 @@ def _grouped_allreduce(tensors: Sequence, name: Optional[str] = None, op: int = 
 
 
 # -- allgather ----------------------------------------------------------------------------------------------
-def _allgather_grads(xs, dys, process_set, ignore_name_scope):
+def _allgather_grads(xs, dys, process_set, ignore_name_scope) -> List[Optional[tf.Tensor]]:
     live = [i for i, x in enumerate(xs) if _is_differentiable(x.dtype)]
     grads: List[Optional[tf.Tensor]] = [None] * len(xs)
     if not live:

@@ -18,7 +18,7 @@ from horovod.tensorflow.gradient_reducer import GradientReducer
 _LegacyOptimizer = tf.compat.v1.train.Optimizer
 
 
-class _DistributedOptimizer(_LegacyOptimizer):
+class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps a ``tf.compat.v1.train.Optimizer``: ``compute_gradients`` returns reduced gradients.
 
     ``minimize()`` (inherited) calls :meth:`compute_gradients` and :meth:`apply_gradients`, so it is

@@ -103,7 +103,7 @@ def _state_layout(optimizer: torch.optim.Optimizer) -> List[Dict[str, Any]]:
     layout = []
     for group in optimizer.param_groups:
         for p in group["params"]:
-            entries = {}
+            entries: Dict[str, Tuple[Any, ...]] = {}
             for key, value in optimizer.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     entries[key] = ("tensor", tuple(value.shape), value.dtype)

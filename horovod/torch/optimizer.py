@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Sequence, Set, Tuple, Type, cast
 
 import torch
 
@@ -151,7 +151,7 @@ class _DistributedOptimizer(_HorovodOptimizerBase):
         if self.process_set.included() is False:
             self._synchronized = True
             return
-        issued = set()
+        issued: Set[torch.Tensor] = set()
         for key in self._handles:
             if isinstance(key, tuple):
                 issued.update(key)
@@ -210,14 +210,15 @@ class _DistributedOptimizer(_HorovodOptimizerBase):
     step.hooked = True  # type: ignore[attr-defined]
 
 
-_CLASS_CACHE: Dict[Tuple[type, type], type] = {}
+_CLASS_CACHE: Dict[Tuple[type, type], Type[_HorovodOptimizerBase]] = {}
 
 
-def _distributed_class(base: type, mixin: type) -> type:
+def _distributed_class(base: Type[torch.optim.Optimizer],
+                       mixin: Type[_HorovodOptimizerBase]) -> Type[_HorovodOptimizerBase]:
     key = (base, mixin)
     cls = _CLASS_CACHE.get(key)
     if cls is None:
-        cls = type(base.__name__, (mixin, base), {"__module__": __name__})
+        cls = cast(Type[_HorovodOptimizerBase], type(base.__name__, (mixin, base), {"__module__": __name__}))
         _CLASS_CACHE[key] = cls
     return cls
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -34,8 +34,18 @@ def _find_duplicates(names: Sequence[str]) -> List[str]:
     return dups
 
 
-class _HorovodOptimizerBase:
+if TYPE_CHECKING:
+    # The mixin is only ever used as the first base of a class built over the wrapped optimizer's class
+    # (optimizer._distributed_class): type-check it as the torch optimizer it extends.
+    _OptimizerBase = torch.optim.Optimizer
+else:
+    _OptimizerBase = object
+
+
+class _HorovodOptimizerBase(_OptimizerBase):
     """What both distributed optimizers share: parameter naming, hook registration, the wrapped base step."""
+
+    _hvd_wrapped: torch.optim.Optimizer   # the optimizer it wraps (set by DistributedOptimizer)
 
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step: int, op: int,
                    gradient_predivide_factor: float, groups, sparse_as_dense: bool,

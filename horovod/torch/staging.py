@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from horovod.common.adapter import BFLOAT16, TensorAdapter, View
-from horovod.engine.device import DeviceArray
+from horovod.engine.device import DeviceArray, HostOrDevice
 from horovod.torch import cuda
 
 # torch dtype -> engine dtype name (the engine's numpy dtype for it is ops.storage_dtype(name)).
@@ -57,10 +57,10 @@ def to_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-class TorchAdapter(TensorAdapter):
+class TorchAdapter(TensorAdapter[HostOrDevice]):
     """torch tensors of any device: CPU memory is viewed, everything else staged through host memory."""
 
-    def view(self, tensor: torch.Tensor) -> View:
+    def view(self, tensor: torch.Tensor) -> View[HostOrDevice]:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         if tensor.is_sparse:
@@ -77,14 +77,14 @@ class TorchAdapter(TensorAdapter):
         return View(tensor, numpy_view(host), BFLOAT16 if dtype == BFLOAT16 else None, staged)
 
     @staticmethod
-    def _cuda_view(tensor: torch.Tensor, dtype: str) -> View:
+    def _cuda_view(tensor: torch.Tensor, dtype: str) -> View[HostOrDevice]:
         device_tensor = tensor.detach()
         staged = not device_tensor.is_contiguous() or device_tensor.is_neg()
         if staged:
             device_tensor = device_tensor.resolve_neg().contiguous()
         return View(tensor, cuda.backend().wrap(device_tensor), BFLOAT16 if dtype == BFLOAT16 else None, staged)
 
-    def fresh_output(self, view: View):
+    def fresh_output(self, view: View[HostOrDevice]) -> HostOrDevice:
         array = view.array
         if isinstance(array, DeviceArray):
             if view.staged:
@@ -93,21 +93,21 @@ class TorchAdapter(TensorAdapter):
                                        torch.cuda.current_stream(array.device))
         return super().fresh_output(view)
 
-    def result(self, array, view: View) -> torch.Tensor:
+    def result(self, array: HostOrDevice, view: View[HostOrDevice]) -> torch.Tensor:
         tensor = view.tensor
         if isinstance(array, DeviceArray):
             return cuda.wait_done(array)
         out = to_torch(array, tensor.dtype)
         return out if out.device == tensor.device else out.to(tensor.device)
 
-    def write_back(self, tensor: torch.Tensor, array) -> torch.Tensor:
+    def write_back(self, tensor: torch.Tensor, array: HostOrDevice) -> torch.Tensor:
         source = cuda.wait_done(array).view(tensor.shape) if isinstance(array, DeviceArray) \
             else to_torch(array, tensor.dtype)
         with torch.no_grad():
             tensor.copy_(source)
         return tensor
 
-    def finish_inplace(self, view: View) -> torch.Tensor:
+    def finish_inplace(self, view: View[HostOrDevice]) -> torch.Tensor:
         if isinstance(view.array, DeviceArray) and not view.staged:
             cuda.wait_done(view.array)
             return view.tensor

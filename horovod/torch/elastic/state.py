@@ -9,7 +9,7 @@ is a plain value, deep-copied at commit and sent with :func:`~horovod.torch.broa
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Tuple, Type
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 import torch
 
@@ -143,7 +143,10 @@ class TorchState(ObjectState):
             as ``epoch=0, batch=0`` (read and assign them as attributes: ``state.epoch += 1``).
     """
 
-    def __init__(self, model: torch.nn.Module = None, optimizer: torch.optim.Optimizer = None, **kwargs: Any):
+    _handlers: Dict[str, StateHandler]   # set through object.__setattr__: this class's __setattr__ reads it
+
+    def __init__(self, model: Optional[torch.nn.Module] = None, optimizer: Optional[torch.optim.Optimizer] = None,
+                 **kwargs: Any):
         kwargs.update(model=model, optimizer=optimizer)
         handlers, plain = _split_handlers(kwargs)
         object.__setattr__(self, "_handlers", handlers)
