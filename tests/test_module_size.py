@@ -14,9 +14,9 @@ CORE = ("transport", "engine", "common")
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {
-    # The runtime after the warm path and the hang doctor's hooks (session 7): its set-up (selectors, lane, warm
-    # path, parts) and the drive loop are the two jobs to split it into, next.
-    "horovod/engine/runtime.py": 680,
+    # The runtime after the warm path and the hang doctor's hooks (session 7; its job links moved to job.py in 8):
+    # its set-up (selectors, lane, warm path, parts) and the drive loop are the two jobs to split it into, next.
+    "horovod/engine/runtime.py": 660,
     # One class (the elastic driver's event loop and worker bookkeeping); splitting it needs its own change.
     "horovod/runner/elastic/driver.py": 575,
 }

@@ -19,7 +19,8 @@ from horovod.engine import config as _config
 from horovod.engine import membership
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
-from horovod.engine.runtime import JobLinks, Runtime
+from horovod.engine.job import JobLinks
+from horovod.engine.runtime import Runtime
 from horovod.engine.timeline import Timeline
 from horovod.transport import sockets
 from horovod.transport.cpus import bind_process

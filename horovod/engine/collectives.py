@@ -78,8 +78,7 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
         req = Request(rank=runtime.rank, name=names[i], kind=kind, dtype=dtype, shape=tuple(tensor.shape), op=op,
                       root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
                       # Ranks agree on member names, so the first name keys the group on the coordinator.
-                      # messages.py annotates group as (int, int); it is (first name, count): fixed there later.
-                      group=(names[0], len(tensors)) if grouped else None,  # type: ignore[arg-type]
+                      group=(names[0], len(tensors)) if grouped else None,
                       splits=_splits_of(splits, i), device=device)
         if tensor.nbytes <= inline_limit and isinstance(tensor, np.ndarray):   # not on a device
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).

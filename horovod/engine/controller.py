@@ -143,7 +143,7 @@ class ControlPlane:
                         conn, who, peer_rank, error = done.get_nowait()
                     except queue.Empty:
                         break
-                    if error is None and not (0 < peer_rank < size and peer_rank not in peers):
+                    if error is None and (peer_rank is None or not (0 < peer_rank < size and peer_rank not in peers)):
                         error = PeerError(f"unexpected rank {peer_rank} from {who}")
                     if error is not None:
                         # A flood pushes out hundreds of strangers: a line each only when debugging.
@@ -159,6 +159,7 @@ class ControlPlane:
                         conn.close()
                         continue
                     conn.settimeout(None)
+                    assert peer_rank is not None   # an admitted handshake named its rank
                     peers[peer_rank] = conn
         finally:
             wake_r.close()

@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, cast
 
 from horovod.engine import flight_dump, fusion, rounds
 from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError
 from horovod.engine.messages import ControlMessage, Response
+from horovod.engine.negotiation import Coordinator
+from horovod.engine.cache import Wire
 
 if TYPE_CHECKING:
     from horovod.engine.runtime import Runtime
@@ -31,8 +33,15 @@ class Coordination:
     def __init__(self, rt: "Runtime"):
         self.rt = rt
 
-    def _coordinate(self, readable) -> bool:
+    @property
+    def coord(self) -> Coordinator:
         coord = self.rt.coordinator
+        assert coord is not None, "coordination runs on rank 0 only"
+        return coord
+
+    def _coordinate(self, readable) -> bool:
+        coord, mirror = self.coord, self.rt.mirror_cache
+        assert mirror is not None, "rank 0 mirrors every rank's request slots"
         now = time.monotonic()
         for peer in readable:
             messages = self.rt._receive(peer)
@@ -42,7 +51,7 @@ class Coordination:
                 if self.rt._obey_shutdown(msg):
                     return False
                 for wire in msg.requests:
-                    req, data = self.rt.mirror_cache.decode(peer, wire)
+                    req, data = mirror.decode(peer, cast(Wire, wire))
                     self.rt.timeline.negotiate(req, now)
                     self.rt._note_cold(req)
                     coord.add(req, now, data)
@@ -51,7 +60,7 @@ class Coordination:
         ready = coord.take_ready()
         if ready:
             self.rt.timeline.negotiated(ready, now)
-            if self.rt.slot_table is not None and self.rt._warm.usable:
+            if self.rt.slot_table is not None and self.rt._warm is not None and self.rt._warm.usable:
                 ready = [self._with_slot(resp) for resp in ready]
             if not self.rt._held:
                 self.rt._held_since = now
@@ -95,7 +104,9 @@ class Coordination:
         """``resp`` with a response-cache slot when it may be cached (a copy: the coordinator reuses responses)."""
         if not rounds.cacheable(resp):
             return resp
-        slot = self.rt.slot_table.assign((0, resp.names[0]))
+        table = self.rt.slot_table
+        assert table is not None, "slots are assigned only with a warm path"
+        slot = table.assign((0, resp.names[0]))
         return dataclasses.replace(resp, slots=[slot])
 
     def _send_responses(self, planned: List[Response], params: Optional[dict], tag: int = 0,
@@ -123,7 +134,9 @@ class Coordination:
         nbytes = sum(fusion.response_bytes(r) for r in planned if r.kind in fusion.FUSIBLE)
         if nbytes == 0:
             return
-        changes = self.rt.autotuner.record(nbytes, now)
+        tuner = self.rt.autotuner
+        assert tuner is not None, "called only when autotuning"
+        changes = tuner.record(nbytes, now)
         if changes:
             # The coordinator plans fusion and holds tensors, so the change takes effect here at once; the other
             # ranks learn it with the next responses. With the warm path every rank fuses its own hits, so rank 0
@@ -137,7 +150,7 @@ class Coordination:
             return
         self.rt._last_stall_check = now
         warn_after = self.rt.config.stall_check_time_seconds
-        stalled = self.rt.coordinator.stalled(now, warn_after)
+        stalled = self.coord.stalled(now, warn_after)
         if stalled:
             lines = "\n".join(f"  set {sid} '{name}': waiting {age:.0f} s for ranks {missing}"
                               for sid, name, missing, age in stalled)
@@ -150,5 +163,5 @@ class Coordination:
         shutdown_after = self.rt.config.stall_shutdown_time_seconds
         if shutdown_after:
             # As the original: a shutdown time below the warning time is raised to it (warned at init).
-            self.rt.coordinator.fail_stalled(now, max(shutdown_after, warn_after),
+            self.coord.fail_stalled(now, max(shutdown_after, warn_after),
                                           "Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")

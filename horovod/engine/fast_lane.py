@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from horovod.engine import ops
 from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
@@ -86,7 +86,7 @@ class FastLane:
 
     def eligible(self, req: Request) -> bool:
         """Whether ``req`` may be proposed (the engine also checks that nothing else is in flight)."""
-        return (req.kind == ops.ALLREDUCE and req.payload is not None and req.process_set == 0
+        return (req.kind == ops.ALLREDUCE and isinstance(req.payload, bytes) and req.process_set == 0
                 and req.group is None and len(req.payload) <= self.board.capacity and not self.board.closed)
 
     def propose(self, req: Request) -> int:
@@ -176,6 +176,7 @@ class LaneUse:
         """Under ``_lock``: propose a lone blocking tiny allreduce (returns its lane number, holding the drive
         lock), or post slow entries for the requests (returns 0)."""
         lane = self.rt._lane
+        assert lane is not None, "called only with a fast lane"
         if (attended and len(requests) == 1 and not self.rt._inflight and not self.rt._outbox and not self.rt._held
                 and lane.eligible(requests[0]) and not self.rt.timeline.enabled
                 # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
@@ -194,17 +195,19 @@ class LaneUse:
         """Decide lane number ``seq`` (holding the drive lock); True when the entry's handle is done with it
         (reduced here, or failed with the engine), False when it goes to the coordinator."""
         req = entry.request
+        lane = self.rt._lane
+        assert lane is not None, "called only with a fast lane"
         try:
-            outcome, result = self.rt._lane.settle(seq, req, lambda: self.rt._guarded_step(0.0))
+            outcome, result = lane.settle(seq, req, lambda: self.rt._guarded_step(0.0))
             if outcome == "slow":
                 return False
             if outcome == "stalled":
                 self.rt._die(StallError(f"Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: allreduce "
-                                     f"'{req.name}' waited for ranks {self.rt._lane.board.missing(seq)}. "
+                                     f"'{req.name}' waited for ranks {lane.board.missing(seq)}. "
                                      f"{SHUTDOWN_MESSAGE}"), notify=True)
             if outcome != "fast":
                 return True   # the engine finished while waiting: the handle failed with it
-            output = deliver_inline(entry, result, req.dtype, req.shape)
+            output = deliver_inline(entry, cast(bytes, result), req.dtype, req.shape)
             self.rt.recorder.lane_done(req)   # [hang doctor]
             with self.rt._lock:
                 self.rt._inflight.pop((req.process_set, req.name), None)

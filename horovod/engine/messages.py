@@ -35,7 +35,7 @@ class Request:
         root: root rank (global) for broadcast.
         prescale, postscale: scale factors for reductions.
         process_set: id of the process set.
-        group: (group id, group size) for grouped ops, else None.
+        group: (the group's first tensor name, group size) for grouped ops, else None.
         splits: for alltoall, rows sent to each member of the set.
         payload: extra data (process-set ranks for ADD_PROCESS_SET), or the bytes of an inline allreduce.
         slot: the sender's response-cache slot holding this request, or -1 (see :mod:`horovod.engine.cache`).
@@ -54,7 +54,7 @@ class Request:
     prescale: float = 1.0
     postscale: float = 1.0
     process_set: int = 0
-    group: Optional[Tuple[int, int]] = None
+    group: Optional[Tuple[str, int]] = None
     splits: Optional[Tuple[int, ...]] = None
     payload: object = None
     slot: int = -1

@@ -11,7 +11,7 @@ import operator
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, cast
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class ProcessSetState:
     last_joined: int = -1
     pending: "OrderedDict[str, _Pending]" = field(default_factory=OrderedDict)
     # group id -> names of that group already ready, waiting for the rest of the group
-    groups: Dict[int, List[str]] = field(default_factory=dict)
+    groups: Dict[str, List[Response]] = field(default_factory=dict)
     barriers: Set[str] = field(default_factory=set)   # names of barriers submitted and maybe still pending
 
     @property
@@ -139,15 +139,18 @@ def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ())
     return None
 
 
-def reduce_inline(requests: Sequence[Request], data: Sequence[bytes], set_size: int, joined: bool = False) -> bytes:
+def reduce_inline(requests: Sequence[Request], data: Sequence[Optional[bytes]], set_size: int,
+                  joined: bool = False) -> bytes:
     """Reduce tiny allreduce payloads on the coordinator, with the same arithmetic as the transport path.
 
     Ranks that joined sent nothing and contribute zeros, which leave a sum unchanged; Average still divides by
     the whole set's size.
     """
     first = requests[0]
-    total = None
+    total: Optional[np.ndarray] = None
     for raw_bytes in data:
+        if raw_bytes is None:
+            raise ValueError(f"a rank sent no inline data for tensor '{first.name}'")
         raw = np.frombuffer(raw_bytes, dtype=ops.storage_dtype(first.dtype))
         if first.dtype == ops.BFLOAT16:
             value = np.empty(raw.size, dtype=np.float32)
@@ -159,6 +162,8 @@ def reduce_inline(requests: Sequence[Request], data: Sequence[bytes], set_size: 
             total = value
         else:
             reduce_into(total, value, ops.TRANSPORT_OP[first.op])
+    if total is None:
+        raise ValueError(f"no inline data to reduce for tensor '{first.name}'")
     if joined:
         # Joined ranks contribute zeros, exactly as the executor stages them on the transport path.
         reduce_into(total, np.zeros_like(total), ops.TRANSPORT_OP[first.op])
@@ -267,6 +272,7 @@ class Coordinator:
         """Fail ``req.name`` on every set it was submitted to, and remember to fail late submitters too."""
         if req.name not in self._conflicts:
             other = self._conflicting_set(req)
+            assert other is not None, "called only when a conflicting set was found"
             first = next(iter(other.pending[req.name].requests.values()))
             error = _mismatch(req.name, f"Mismatched process sets: One rank used process set {first.process_set}, "
                                         f"but another rank used process set {req.process_set}.", first, req)
@@ -364,10 +370,10 @@ class Coordinator:
             return
         gid, gsize = group
         members = pset.groups.setdefault(gid, [])
-        members.append(response)  # type: ignore[arg-type]
+        members.append(response)
         if len(members) == gsize:
             del pset.groups[gid]
-            self._ready.extend(members)  # type: ignore[arg-type]
+            self._ready.extend(members)
 
     def _respond(self, pset: ProcessSetState, name: str, entry: _Pending) -> Response:
         ranks = sorted(entry.requests)
@@ -376,7 +382,7 @@ class Coordinator:
         key = (pset.id, name)
         known = self._validated.get(key) if self._validated_capacity and not joined else None
         seen = known is not None and len(known[0]) == len(requests) and all(map(operator.is_, known[0], requests))
-        if seen and known[1] is not None:
+        if seen and known is not None and known[1] is not None:
             return known[1]   # the outcome of the same requests last time (responses are never mutated)
         if not seen:
             error = validate(name, requests, joined)
@@ -404,20 +410,20 @@ class Coordinator:
         elif first.kind == ops.ALLGATHER:
             resp.first_dims = [[entry.requests[r].shape[0] for r in pset.ranks]]
         elif first.kind == ops.ALLTOALL:
-            resp.splits = [[list(entry.requests[r].splits) for r in pset.ranks]]
+            resp.splits = [[list(entry.requests[r].splits or ()) for r in pset.ranks]]
             resp.shapes = [tuple(entry.requests[r].shape) for r in pset.ranks][:1]
         elif first.kind == ops.ADD_PROCESS_SET:
-            ranks = tuple(sorted(first.payload))
-            duplicate = [s.id for s in self.sets.values() if s.ranks == ranks]
+            new_ranks = tuple(sorted(cast(Sequence[int], first.payload)))
+            duplicate = [s.id for s in self.sets.values() if s.ranks == new_ranks]
             if duplicate:
                 return Response(ERROR, [name], pset.id,
-                                error=f"A process set with ranks {list(ranks)} is already registered "
+                                error=f"A process set with ranks {list(new_ranks)} is already registered "
                                       f"(id {duplicate[0]}).")
             set_id = self._next_set_id
-            self.register_set(set_id, ranks)
-            resp.payload = (set_id, ranks)
+            self.register_set(set_id, new_ranks)
+            resp.payload = (set_id, new_ranks)
         elif first.kind == ops.REMOVE_PROCESS_SET:
-            removed = self.sets.pop(first.payload, None)
+            removed = self.sets.pop(cast(int, first.payload), None)
             resp.payload = (first.payload, removed is not None)
         return resp
 

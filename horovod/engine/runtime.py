@@ -29,12 +29,12 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from horovod.transport.spin import Spinner, default_budget_us
 from horovod.engine.coordination import Coordination
 from horovod.engine.errors import SHUTDOWN_MESSAGE, HorovodInternalError, PeerFailureError, ShutdownError
+from horovod.engine.job import NO_JOB, JobLinks, ProcessSetInfo, forked_error
 from horovod.engine.responses import Responses
 from horovod.engine.teardown import Teardown
 from horovod.engine import fusion
@@ -61,36 +61,6 @@ logger = logging.getLogger(__name__)
 _BOARD_READY = [None]   # a spinning waiter found the round board ready (not a selector event)
 
 
-def forked_error() -> HorovodInternalError:
-    return HorovodInternalError(
-        f"Horovod was initialized in the parent process (pid {os.getppid()}) before this process (pid "
-        f"{os.getpid()}) was forked; a forked child cannot use the parent's engine, and using it would break the "
-        f"parent's job. Run collectives in the process that called hvd.init(), or start worker processes before "
-        f"hvd.init() (or with the 'spawn' start method) and let each call hvd.init() as a rank of its own job.")
-
-
-@dataclass(frozen=True)
-class JobLinks:
-    """What ties an engine to the job that started it; each is optional (a job of one process has none)."""
-
-    store: Any = None               # the rendezvous store: culprit reports, elastic host-update checks
-    epoch: Any = None               # the elastic epoch this engine belongs to
-    rendezvous_server: Any = None   # served by rank 0 itself under mpirun; stopped with the engine
-    mpi_comm: Any = None            # the communicator under mpirun
-
-
-class ProcessSetInfo:
-    """A registered process set as this rank sees it."""
-
-    def __init__(self, set_id: int, ranks: Sequence[int], transport: Optional[Transport]):
-        self.id = set_id
-        self.ranks = tuple(sorted(ranks))
-        self.transport = transport
-
-    def included(self, rank: int) -> bool:
-        return rank in self.ranks
-
-
 class Runtime:
     """One engine instance (one ``init()``): the drive loop, over the state below, with explicit parts —
     :attr:`coordination` (rank 0's negotiation step), :attr:`responses` (carrying responses out), :attr:`teardown`
@@ -109,7 +79,7 @@ class Runtime:
     """
 
     def __init__(self, config: Config, rank: int, size: int, world: Transport, control: ControlPlane,
-                 static_sets: Sequence[Sequence[int]] = (), job: JobLinks = JobLinks(),
+                 static_sets: Sequence[Sequence[int]] = (), job: JobLinks = NO_JOB,
                  transport_name: Optional[str] = None, round_board: Optional[RoundBoard] = None):
         self.config = config
         self.rank, self.size = rank, size
@@ -242,7 +212,10 @@ class Runtime:
         return info
 
     def _transport_for(self, set_id: int) -> Transport:
-        return self.sets[set_id].transport
+        transport = self.sets[set_id].transport
+        if transport is None:
+            raise ValueError(f"rank {self.rank} is not a member of process set {set_id}")
+        return transport
 
     # -- enqueue (user threads) -----------------------------------------------------------------------
     def enqueue(self, entries: List[Entry], attended: bool = False) -> None:
@@ -354,12 +327,14 @@ class Runtime:
 
     def _run_alone(self, requests) -> None:
         """A job of one process has nobody to wait for: plan and execute right here, without any hand-off."""
+        coord = self.coordinator
+        assert coord is not None, "a job of one process coordinates itself"
         with self._drive:   # other user threads may call collectives at the same time
             now = time.monotonic()
             for req in requests:
                 self.timeline.negotiate(req, now)
-                self.coordinator.add(req, now)
-            ready = self.coordinator.take_ready()
+                coord.add(req, now)
+            ready = coord.take_ready()
             self.timeline.negotiated(ready, now)
             self._execute_all(fusion.plan(ready, self.config.fusion_threshold, self.config.disable_group_fusion))
 
@@ -492,7 +467,7 @@ class Runtime:
             self._flush_outbox()
         if coord is not None and coord.has_ready():
             timeout = 0.0
-        events = None
+        events: Optional[Sequence[Any]] = None
         warm = self._warm
         if warm is not None and self._dead is None:
             # Post this rank's new hits before waiting: the other ranks may be waiting for exactly that. A round that
@@ -527,7 +502,8 @@ class Runtime:
         readable = []
         for key, _ in events:
             if key.data == "board":
-                warm.board.drain(key.fd)
+                if warm is not None:
+                    warm.board.drain(key.fd)
             elif key.data is None:
                 try:
                     while self._wake_r.recv(4096):
@@ -656,6 +632,7 @@ class Runtime:
     # -- the warm path --------------------------------------------------------------------------------
     def _advance_rounds(self) -> bool:
         """Post, finish and run rounds of the warm path as far as possible now (see horovod/engine/rounds.py)."""
+        assert self._warm is not None, "called only with a warm path"
         self._warm.advance(time.monotonic(), self._run_message, self._run_warm, self._send_cold, self._read_control,
                            self._answers_rounds)
         return self._dead is None
