@@ -46,9 +46,11 @@ from horovod.runner.elastic.layout import assign_ranks, host_of, plan_members
 from horovod.runner.elastic.remote import RemoteHosts, rendezvous_address
 # The job's settings and outcome live in settings.py; importable from here as well, where the driver is.
 from horovod.runner.elastic.settings import ElasticJobError, ElasticResult, ElasticSettings  # noqa: F401
+from horovod.runner.elastic.settings import describe_exit_code
 from horovod.runner.exec import WorkerExit, WorkerSpec
 from horovod.runner.hosts import HostInfo, is_local_host
 from horovod.engine.teardown import CULPRIT_SCOPE
+from horovod.runner.doctor_watch import HangWatch
 from horovod.runner.job import JobSettings, first_failures, job_env, reported_culprits
 from horovod.runner.output import OutputSink
 from horovod.transport.rendezvous import MemoryStore, RendezvousServer
@@ -126,6 +128,7 @@ class ElasticDriver:
         self._command: List[str] = []
         self._env: Dict[str, str] = {}
         self._remote: Optional[RemoteHosts] = None   # None: the launcher that made us starts the workers
+        self._hang: Optional[HangWatch] = None   # the hang doctor: one dump directory, generations by file name
 
     # -- public ---------------------------------------------------------------------------------------
     @property
@@ -170,6 +173,8 @@ class ElasticDriver:
             self._env = job_env(self.parent_env, base, server.host, server.port, secret)
             self._env["HOROVOD_ELASTIC"] = "1"
             self._env["HOROVOD_ELASTIC_TIMEOUT"] = str(int(s.elastic_timeout) + WORKER_TIMEOUT_MARGIN)
+            self._hang = HangWatch(server.store, self._env, {})
+            self._env.update(self._hang.env())
             self._sink = OutputSink(max(s.max_np or 0, s.num_proc), prefix_timestamp=s.prefix_timestamp,
                                     output_dir=s.output_dir, stdout=s.stdout, stderr=s.stderr)
             logger.info("elastic job: rendezvous store at %s:%s; -np %d, --min-np %d, --max-np %s",
@@ -177,9 +182,13 @@ class ElasticDriver:
             self._on_hosts(first if first is not None else self._first_discovery())
             discovery = threading.Thread(target=self._discovery_loop, name="hvd-elastic-discovery", daemon=True)
             discovery.start()
+            self._hang.start()
             try:
                 return self._loop()
+            except ElasticJobError as exc:
+                raise self._hang.with_verdict(exc, f"the elastic job failed in epoch {self._epoch}") from None
             finally:
+                self._hang.stop()
                 self._stop.set()
                 self._stop_workers(self._all_procs)
                 self._sink.finish()
@@ -457,6 +466,9 @@ class ElasticDriver:
             return
         failure = WorkerExit(worker.label, worker.host, code)
         self._failures.append(failure)
+        if wid in self._members and worker.last_epoch == self._epoch and self._hang is not None:
+            rank = self._members.index(wid)
+            self._hang.exits[rank] = WorkerExit(rank, worker.host, code)   # the doctor's view of the epoch
         if self._finishing:
             self._late_failures.append(failure)
         where = (f"rank {self._members.index(wid)} of epoch {self._epoch}" if wid in self._members and
@@ -472,14 +484,14 @@ class ElasticDriver:
             # One process failed on a host that still runs others: replace it there; the survivors keep their
             # state and the job resumes from the last commit with the same size.
             logger.warning("worker %s (%s) exited with %s; starting a new worker in its slot on %s (failure %d of "
-                           "%d before the host is blacklisted)", wid, where, _describe_code(code), worker.host,
+                           "%d before the host is blacklisted)", wid, where, describe_exit_code(code), worker.host,
                            failures, HOST_FAILURES_BEFORE_BLACKLIST)
             return
         self._host_failures.pop(worker.host, None)
         cooldown = self.blacklist.blacklist(worker.host)
         how = "for good" if cooldown is None else f"for {cooldown:.1f} s"
         logger.warning("worker %s (%s) exited with %s; blacklisting host %s %s", wid, where,
-                       _describe_code(code), worker.host, how)
+                       describe_exit_code(code), worker.host, how)
         for other in self._workers.values():
             if other.host == worker.host and other.running:
                 self._remove(other, f"host {worker.host} is blacklisted")
@@ -529,6 +541,8 @@ class ElasticDriver:
         for worker in self._workers.values():
             if worker.running and worker.wid not in kept:
                 self._remove(worker, f"it is not part of epoch {epoch}")
+        if self._hang is not None:   # before the workers learn the epoch: their announcements are of the new one
+            self._hang.new_generation(epoch, {rank: host_of(wid) for rank, wid in enumerate(order)})
         self.store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
         self.store.clear_scope(CULPRIT_SCOPE)   # reports name ranks of the epoch that just ended
         for wid in order:
@@ -559,13 +573,3 @@ class ElasticDriver:
         logger.info("elastic job finished after %d resets", self._resets)
         return ElasticResult(list(self._members), self._epoch + 1, self._resets, self.store)
 
-
-def _describe_code(code: int) -> str:
-    if code < 0:
-        import signal
-
-        try:
-            return f"{code} (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            return str(code)
-    return str(code)

@@ -2,6 +2,7 @@
 :class:`ElasticJobError`); the driver that runs it is :mod:`horovod.runner.elastic.driver`."""
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -104,3 +105,13 @@ class ElasticResult:
     epochs: int
     resets: int
     store: MemoryStore
+
+
+def describe_exit_code(code: int) -> str:
+    """``-9 (killed by SIGKILL)`` for a signal, the number otherwise."""
+    if code < 0:
+        try:
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
