@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import ray
 
@@ -111,6 +111,7 @@ class RayExecutor:
         if num_workers is not None and num_hosts is not None:
             raise ValueError(f"give either num_workers ({num_workers}) or num_hosts ({num_hosts}) with "
                              f"num_workers_per_host, not both")
+        self.strategy: Union[PackStrategy, ColocatedStrategy]
         if num_workers is not None:
             if num_workers < 1:
                 raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -175,7 +176,7 @@ class RayExecutor:
         self._placement = self.strategy.place()
         remote_cls = ray.remote(BaseHorovodWorker)
         resources = self.strategy.resources
-        actors = [remote_cls.options(num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0),
+        actors: List[Any] = [remote_cls.options(num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0),
                                      scheduling_strategy=self._placement.scheduling(i)).remote(i, self.num_workers)
                   for i in range(self.num_workers)]
         self.workers = actors   # start order until the ranks are known (shutdown() must find them either way)

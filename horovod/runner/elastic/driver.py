@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, cast
 
 from horovod.engine import membership
 from horovod.runner import exec as _exec
@@ -46,7 +46,7 @@ from horovod.runner.elastic.layout import assign_ranks, host_of, plan_members
 from horovod.runner.elastic.remote import RemoteHosts, rendezvous_address
 # The job's settings and outcome live in settings.py; importable from here as well, where the driver is.
 from horovod.runner.elastic.settings import ElasticJobError, ElasticResult, ElasticSettings  # noqa: F401
-from horovod.runner.elastic.settings import describe_exit_code
+from horovod.runner.elastic.settings import WorkerProcess, describe_exit_code
 from horovod.runner.exec import WorkerExit, WorkerSpec
 from horovod.runner.hosts import HostInfo, is_local_host
 from horovod.engine.teardown import CULPRIT_SCOPE
@@ -73,7 +73,7 @@ HOST_FAILURES_BEFORE_BLACKLIST = 3
 @dataclass
 class _Worker:
     wid: str
-    proc: subprocess.Popen
+    proc: WorkerProcess
     label: int                      # its output prefix: the rank it was planned for, unless a live worker has it
     last_epoch: int = -1            # last epoch the driver placed it in
     exit_code: Optional[int] = None
@@ -111,7 +111,7 @@ class ElasticDriver:
         self._unlaunchable_warned: set = set()
         self._discovery_error: Optional[str] = None
         self._workers: Dict[str, _Worker] = {}
-        self._all_procs: List[subprocess.Popen] = []
+        self._all_procs: List[WorkerProcess] = []
         self._members: List[str] = []
         self._epoch = -1
         self._resets = 0
@@ -381,14 +381,14 @@ class ElasticDriver:
             return   # running (or still being stopped: the slot is reused once it is gone)
         self._launch(wid, label)
 
-    def _start_worker(self, wid: str, spec: WorkerSpec) -> subprocess.Popen:
+    def _start_worker(self, wid: str, spec: WorkerSpec) -> WorkerProcess:
         """Start one worker process (a subclass may start something that quacks like ``Popen`` instead: ``pid``,
         ``stdout``, ``stderr``, ``poll()``, ``wait(timeout)``, e.g. a Ray actor)."""
         return _exec._start(spec)
 
-    def _stop_workers(self, procs: Sequence[subprocess.Popen]) -> None:
+    def _stop_workers(self, procs: Sequence[WorkerProcess]) -> None:
         """Stop workers started by :meth:`_start_worker` (SIGTERM to their groups, SIGKILL after the grace)."""
-        _exec.terminate(procs, self.settings.grace_seconds)
+        _exec.terminate(cast(Sequence[subprocess.Popen], procs), self.settings.grace_seconds)   # ours: processes
 
     def _free_label(self, planned: int) -> int:
         """The output prefix of a new worker: its planned rank, or the lowest one no running worker prints under.
@@ -428,7 +428,7 @@ class ElasticDriver:
         logger.info("started worker %s (pid %s)", wid, proc.pid)
         threading.Thread(target=self._watch, args=(wid, proc), name=f"hvd-elastic-watch-{wid}", daemon=True).start()
 
-    def _watch(self, wid: str, proc: subprocess.Popen) -> None:
+    def _watch(self, wid: str, proc: WorkerProcess) -> None:
         self._events.put(("exit", wid, proc, proc.wait()))
 
     def _remove(self, worker: _Worker, why: str) -> None:
@@ -449,7 +449,7 @@ class ElasticDriver:
                 continue   # still training in the current epoch: it leaves at the next reset
             self._remove(worker, "its slot is no longer part of the job")
 
-    def _on_exit(self, wid: str, proc: subprocess.Popen, code: int) -> None:
+    def _on_exit(self, wid: str, proc: WorkerProcess, code: int) -> None:
         worker = self._workers.get(wid)
         if worker is None or worker.proc is not proc:
             return   # an earlier process of a reused slot

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from horovod.runner.elastic.discovery import HostDiscovery
 from horovod.runner.exec import DEFAULT_GRACE_SECONDS, JobFailedError, WorkerExit
@@ -115,3 +115,16 @@ def describe_exit_code(code: int) -> str:
         except ValueError:
             return str(code)
     return str(code)
+
+
+class WorkerProcess(Protocol):
+    """What the elastic driver uses of a worker it started: a ``subprocess.Popen``, or what a launcher with its own
+    workers starts instead (Ray's actors)."""
+
+    pid: Any
+    stdout: Any
+    stderr: Any
+
+    def poll(self) -> Optional[int]: ...
+
+    def wait(self, timeout: Optional[float] = None) -> int: ...
