@@ -364,13 +364,15 @@ def write_process_view(where: str, reason: str, view: Mapping[str, dict]) -> Non
 def collect_under_mpirun(runtime: Any, reason: str) -> None:
     """Under ``mpirun``, rank 0 does what our launchers do: signal the ranks on its host (they announced their pids
     in the store rank 0 serves), wait for their dumps, and log the doctor's verdict on the job's directory.  The
-    verdict comes from ``python -m horovod.doctor`` in a child process: the doctor sits above the engine.  Once
-    per engine, off the calling thread; ranks on other hosts are not signalled (their own dumps on the stall
-    error still land there when the directory is shared)."""
+    verdict comes from ``python -m horovod.doctor`` in a child process: the doctor sits above the engine.  Off
+    the calling thread, one collection at a time; ranks on other hosts are not signalled (their own dumps on the
+    stall error still land there when the directory is shared)."""
     server = getattr(runtime, "rendezvous_server", None)
-    if runtime.rank != 0 or server is None or "_mpirun_collected" in runtime.__dict__:
+    if runtime.rank != 0 or server is None:
         return
-    runtime._mpirun_collected = True
+    busy = runtime.__dict__.setdefault("_mpirun_collecting", threading.Lock())
+    if not busy.acquire(blocking=False):
+        return   # a collection is running: it covers this request too
     where = directory(runtime.config)
     generation = getattr(runtime, "flight_generation", None)
 
@@ -385,6 +387,8 @@ def collect_under_mpirun(runtime: Any, reason: str) -> None:
             text = (done.stdout or done.stderr).rstrip()
         except Exception as exc:   # a diagnosis must never break the engine
             text = f"Horovod doctor: no verdict ({exc!r})"
+        finally:
+            busy.release()
         logger.warning("%s\n  dumps: %s (collected in %.1f s after the %s); rerun: python -m horovod.doctor %s",
                        text, where, time.monotonic() - began, reason, where)
 

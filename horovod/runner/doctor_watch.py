@@ -109,14 +109,17 @@ class HangWatch:
                 self.collect(f"rank 0 reported a {reason}" if "stall" in reason else reason)
 
     # -- collection -------------------------------------------------------------------------------------------
-    def collect(self, reason: str, announce: bool = True) -> str:
-        """Signal every local rank to dump, wait for the dumps (bounded), write ``launcher.json``, and return (and
-        with ``announce``, print) the verdict."""
+    def collect(self, reason: str, announce: bool = True, signal_ranks: bool = True) -> str:
+        """Signal every local rank to dump (unless ``signal_ranks`` is false: the dumps there are read as they
+        are), wait for the dumps (bounded), write ``launcher.json``, and return (and with ``announce``, print) the
+        verdict."""
         with self._collect_lock:
             began = time.monotonic()
             pids = flight_dump.announced(self.store.scope(STORE_SCOPE))
-            targets = {r: pid for r, pid in flight_dump.local_ranks(pids, _is_local).items() if r not in self.exits}
-            flight_dump.gather(self.directory, targets, self.generation)
+            if signal_ranks:
+                targets = {r: pid for r, pid in flight_dump.local_ranks(pids, _is_local).items()
+                           if r not in self.exits}
+                flight_dump.gather(self.directory, targets, self.generation)
             exits = {r: e.returncode for r, e in self.exits.items()}
             flight_dump.write_process_view(self.directory, reason,
                                            flight_dump.process_view(pids, exits, self.hosts, _is_local))
@@ -156,9 +159,10 @@ class HangWatch:
                 self.store.delete((STORE_SCOPE, key))
 
     def with_verdict(self, error: Exception, reason: str) -> Exception:
-        """``error`` (a whole-job failure) with the latest generation's verdict appended to its message (collected
-        now unless a stall in that generation collected already)."""
-        verdict = self.verdict or self.collect(reason, announce=False)
+        """``error`` (a whole-job failure) with the latest generation's verdict appended to its message: the one
+        collected at a stall in that generation, else one over the dumps there now (the ranks dumped on the failure
+        themselves; between epochs they have no engine to answer a signal)."""
+        verdict = self.verdict or self.collect(reason, announce=False, signal_ranks=False)
         if verdict and error.args:
             error.args = (f"{error.args[0]}\n{verdict}",) + tuple(error.args[1:])
         return error

@@ -20,11 +20,11 @@ HERE = Path(__file__).resolve()
 BIG = np.ones(512, dtype=np.float32)   # 2 KiB: past the fast lane, through the coordinator
 
 
-def marker_line(role: str, scenario: str = "ray_skip") -> str:
+def marker_line(role: str) -> str:
     for number, text in enumerate(HERE.read_text().splitlines(), start=1):
-        if text.rstrip().endswith(f"# HANG:{scenario}:{role}"):
+        if text.rstrip().endswith(f"# HANG:ray_skip:{role}"):
             return f"test_ray_doctor.py:{number} (`{text.strip()}`)"
-    raise AssertionError(f"no marker {scenario}:{role}")
+    raise AssertionError(f"no marker ray_skip:{role}")
 
 
 def skip_one_collective():
@@ -32,7 +32,6 @@ def skip_one_collective():
     doctor sees this file's lines)."""
     import horovod.numpy as hvd
 
-    hvd.init()
     culprit = hvd.size() - 1
     for _ in range(3):
         hvd.allreduce(BIG, name="grad.fc1.weight")
@@ -43,23 +42,20 @@ def skip_one_collective():
     hvd.allgather(BIG[:4], name="stats")  # HANG:ray_skip:culprit
 
 
-def elastic_skip_one_collective():
+def static_job():
+    import horovod.numpy as hvd
+
+    hvd.init()
+    skip_one_collective()
+
+
+def elastic_job():
     """The same hang in an elastic job: it comes back in every epoch, until the reset limit fails the job."""
     import horovod.numpy as hvd
     from horovod.common.elastic import ObjectState, default_reset, run_fn
 
-    def train(state):
-        culprit = hvd.size() - 1
-        for _ in range(3):
-            hvd.allreduce(BIG, name="grad.fc1.weight")
-            hvd.allreduce(BIG, name="grad.fc2.weight")
-            hvd.allgather(BIG[:4], name="stats")
-        if hvd.rank() != culprit:
-            hvd.allreduce(BIG, name="grad.fc2.weight")  # HANG:ray_elastic_skip:waiter
-        hvd.allgather(BIG[:4], name="stats")  # HANG:ray_elastic_skip:culprit
-
     hvd.init()
-    run_fn(train, default_reset)(ObjectState(hvd.broadcast_object, hvd.rank, step=0))
+    run_fn(lambda state: skip_one_collective(), default_reset)(ObjectState(hvd.broadcast_object, hvd.rank, step=0))
 
 
 def stall_knobs(monkeypatch, dumps: Path) -> None:
@@ -75,7 +71,7 @@ def test_static_executor_collects_and_its_failure_carries_the_verdict(tmp_path, 
     executor.start()
     try:
         with pytest.raises(Exception) as failure:
-            executor.run(skip_one_collective)
+            executor.run(static_job)
     finally:
         executor.shutdown()
     notes = "\n".join(getattr(failure.value, "__notes__", []))
@@ -96,12 +92,12 @@ def test_elastic_executor_fails_at_the_reset_limit_with_the_latest_epochs_verdic
     executor.start()
     try:
         with pytest.raises(Exception) as failure:
-            executor.run(elastic_skip_one_collective)
+            executor.run(elastic_job)
     finally:
         executor.shutdown()
     message = str(failure.value)
     assert "number of resets during elastic job exceeded limit: 1" in message, message
-    waiter, culprit = (marker_line(role, "ray_elastic_skip") for role in ("waiter", "culprit"))
+    waiter, culprit = marker_line("waiter"), marker_line("culprit")
     for piece in ["Horovod doctor (2 of 2 ranks dumped, generation 1)", "rank 1 skipped allreduce 'grad.fc2.weight'",
                   culprit, f"rank 0 waits in it ({waiter})"]:
         assert piece in message, f"{piece!r} not in the failure:\n{message}"
