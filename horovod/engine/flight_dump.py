@@ -353,10 +353,11 @@ def process_view(pids: Mapping[int, Tuple[str, int, bool]], exits: Mapping[int, 
     return view
 
 
-def write_process_view(where: str, reason: str, view: Mapping[str, dict]) -> None:
+def write_process_view(where: str, reason: str, view: Mapping[str, dict], generation: Optional[int] = None) -> None:
+    """Write :data:`LAUNCHER_FILE` (``generation``: the one the view is of, when the collector knows it)."""
     try:
         with open(os.path.join(where, LAUNCHER_FILE), "w") as handle:
-            json.dump({"reason": reason, "ranks": view}, handle)
+            json.dump({"reason": reason, "ranks": view, "generation": generation}, handle)
     except OSError:
         pass
 
@@ -381,7 +382,8 @@ def collect_under_mpirun(runtime: Any, reason: str) -> None:
         try:
             pids = announced(server.store.scope(STORE_SCOPE))
             gather(where, local_ranks(pids), generation)
-            write_process_view(where, f"rank 0 reported a {reason} (mpirun)", process_view(pids, {}, {}))
+            write_process_view(where, f"rank 0 reported a {reason} (mpirun)", process_view(pids, {}, {}),
+                               generation)
             done = subprocess.run([sys.executable, "-m", "horovod.doctor", where], capture_output=True, text=True,
                                   timeout=60)
             text = (done.stdout or done.stderr).rstrip()

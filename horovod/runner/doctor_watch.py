@@ -122,7 +122,8 @@ class HangWatch:
                 flight_dump.gather(self.directory, targets, self.generation)
             exits = {r: e.returncode for r, e in self.exits.items()}
             flight_dump.write_process_view(self.directory, reason,
-                                           flight_dump.process_view(pids, exits, self.hosts, _is_local))
+                                           flight_dump.process_view(pids, exits, self.hosts, _is_local),
+                                           self.generation)
             try:
                 lines = report(self.directory)
             except DumpDirectoryError:

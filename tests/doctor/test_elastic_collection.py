@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from horovod.doctor import report
 from test_planted_hangs import job_env
 
 pytestmark = pytest.mark.slow
@@ -45,6 +46,9 @@ def test_each_epoch_is_collected_and_the_failure_names_the_latest(tmp_path):
     dumps = tmp_path / "dumps"
     generations = {json.loads(p.read_text())["generation"] for p in dumps.glob("g*-rank*.json")}
     assert generations == {0, 1}, generations
+    assert json.loads((dumps / "launcher.json").read_text())["generation"] == 1
+    earlier = "\n".join(report(str(dumps), generation=0))   # python -m horovod.doctor DIR --generation 0
+    assert f"Horovod doctor (2 of 2 ranks dumped, generation 0):\n  - {finding}" in earlier, earlier
     # ... and the failure message ends with the latest epoch's.
     failure = output.split("exceeded limit: 1", 1)[-1]
     assert f"Horovod doctor (2 of 2 ranks dumped, generation 1):\n  - {finding}" in failure, output[-4000:]
