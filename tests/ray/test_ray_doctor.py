@@ -58,46 +58,40 @@ def elastic_job():
     run_fn(lambda state: skip_one_collective(), default_reset)(ObjectState(hvd.broadcast_object, hvd.rank, step=0))
 
 
-def stall_knobs(monkeypatch, dumps: Path) -> None:
-    """The executor hands the driver's HOROVOD_* knobs to the actors."""
+def failure_of(job, monkeypatch, dumps: Path, **executor_args) -> BaseException:
+    """Run ``job`` on a RayExecutor with short stall knobs (the executor hands the driver's HOROVOD_* knobs to the
+    actors) and return the exception it failed with."""
     for name, value in {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5",
                         "HOROVOD_FLIGHT_RECORDER_DIR": str(dumps)}.items():
         monkeypatch.setenv(name, value)
-
-
-def test_static_executor_collects_and_its_failure_carries_the_verdict(tmp_path, monkeypatch):
-    stall_knobs(monkeypatch, tmp_path / "dumps")
-    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=2, cpus_per_worker=1)
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), cpus_per_worker=1, **executor_args)
     executor.start()
     try:
         with pytest.raises(Exception) as failure:
-            executor.run(static_job)
+            executor.run(job)
     finally:
         executor.shutdown()
-    notes = "\n".join(getattr(failure.value, "__notes__", []))
+    return failure.value
+
+
+def test_static_executor_collects_and_its_failure_carries_the_verdict(tmp_path, monkeypatch):
+    error = failure_of(static_job, monkeypatch, tmp_path / "dumps", num_workers=2)
+    notes = "\n".join(getattr(error, "__notes__", []))
     verdict = "\n".join(report(str(tmp_path / "dumps")))
     expected = ["Horovod doctor (2 of 2 ranks dumped", "rank 1 skipped allreduce 'grad.fc2.weight'",
                 "and went on to allgather 'stats'", marker_line("culprit"),
                 f"rank 0 waits in it ({marker_line('waiter')})"]
     for piece in expected:
         assert piece in verdict, f"{piece!r} not in the verdict:\n{verdict}"
-        assert piece in notes, f"{piece!r} not in the failure's notes:\n{notes}\n{failure.value}"
+        assert piece in notes, f"{piece!r} not in the failure's notes:\n{notes}\n{error}"
     assert "collected in" in notes and "after rank 0 reported a stall warning" in notes, notes
 
 
 def test_elastic_executor_fails_at_the_reset_limit_with_the_latest_epochs_verdict(tmp_path, monkeypatch):
-    stall_knobs(monkeypatch, tmp_path / "dumps")
-    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=2, max_workers=2,
-                           cpus_per_worker=1, reset_limit=1, elastic_timeout=60)
-    executor.start()
-    try:
-        with pytest.raises(Exception) as failure:
-            executor.run(elastic_job)
-    finally:
-        executor.shutdown()
-    message = str(failure.value)
+    error = failure_of(elastic_job, monkeypatch, tmp_path / "dumps", min_workers=2, max_workers=2, reset_limit=1,
+                       elastic_timeout=60)
+    message = str(error)
     assert "number of resets during elastic job exceeded limit: 1" in message, message
-    waiter, culprit = marker_line("waiter"), marker_line("culprit")
     for piece in ["Horovod doctor (2 of 2 ranks dumped, generation 1)", "rank 1 skipped allreduce 'grad.fc2.weight'",
-                  culprit, f"rank 0 waits in it ({waiter})"]:
+                  marker_line("culprit"), f"rank 0 waits in it ({marker_line('waiter')})"]:
         assert piece in message, f"{piece!r} not in the failure:\n{message}"
