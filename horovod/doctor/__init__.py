@@ -15,14 +15,15 @@ from horovod.doctor.verdict import diagnose  # noqa: F401
 TRACE_FILE = "trace.json"
 
 
-def report(directory: str, latest: bool = False, trace_path: Optional[str] = None) -> List[str]:
+def report(directory: str, latest: bool = False, trace_path: Optional[str] = None,
+           generation: Optional[int] = None) -> List[str]:
     """The verdict for ``directory`` as lines of text, the merged trace written next to the dumps (or to
     ``trace_path``).
 
     Raises:
         DumpDirectoryError: no dump in ``directory``.
     """
-    job = load(directory, latest=latest)
+    job = load(directory, latest=latest, generation=generation)
     lines = [f"Horovod doctor ({len(job.ranks)} of {job.size} ranks dumped, generation {job.generation}):"]
     lines += [f"  - {finding}" for finding in diagnose(job)]
     path = trace_path or os.path.join(directory, TRACE_FILE)

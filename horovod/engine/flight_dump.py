@@ -6,20 +6,28 @@ Written when something looks hung (the stall inspector's warning, a stall error,
 file (``g<generation>-rank<r>-<pid>-<ms>.json``; ``…-rank<r>-child-…`` from a forked child), written to a
 temporary name and renamed, so a reader never sees half a file.  Everything here runs rarely and off the hot
 path; failures to write are logged, never raised into the engine (a dump must not turn a hang into a crash).
+
+Collection (signal every rank on this host, wait for their dumps, record what is known of each process) lives here
+too, below the launchers, because two kinds of caller need it: our launchers' watch
+(:mod:`horovod.runner.doctor_watch`) and, under a plain ``mpirun`` where no launcher of ours runs, rank 0 itself
+(it serves the job's store there, so it reads the ranks' announcements as a launcher would).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
+import signal
 import socket
+import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 logger = logging.getLogger("horovod.engine.runtime")
 
@@ -29,10 +37,36 @@ STORE_SCOPE = "doctor"
 DEFAULT_DIR_NAME = "horovod-flight-recorder"
 #: The function name of the SIGUSR1 handler (horovod.common.basics), cut from recorded stacks.
 SIGNAL_HANDLER_NAME = "_on_dump_signal"
+#: The collector's record of each rank's process (the doctor reads it: ``horovod.doctor.dumps.LAUNCHER_FILE``).
+LAUNCHER_FILE = "launcher.json"
+#: How long a collection waits for the ranks' dumps after signalling them.
+COLLECT_TIMEOUT_S = 5.0
+_POLL_S = 0.1
+#: How long no new dump may appear before a collection counts as complete (children dump after their rank).
+_SETTLE_S = 0.5
+#: Open MPI's job id, per version (5.x: the PMIx namespace; 4.x: the ess job id).
+_MPIRUN_JOB_ENV = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid")
+
+
+def _launched_by(config: Any) -> str:
+    return getattr(getattr(config, "topology", None), "launched_by", "") or ""
+
+
+def mpirun_job_id(env: Mapping[str, str] = os.environ) -> str:
+    """Open MPI's id of this job, usable in a file name (every rank of the job agrees on it); ``""`` if unknown."""
+    raw = next((env[name] for name in _MPIRUN_JOB_ENV if env.get(name)), "")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-")
 
 
 def directory(config: Any) -> str:
-    return getattr(config, "flight_recorder_dir", "") or os.path.join(tempfile.gettempdir(), DEFAULT_DIR_NAME)
+    """``HOROVOD_FLIGHT_RECORDER_DIR``; else ``<tmp>/horovod-flight-recorder``, with a sub-directory per job under
+    ``mpirun`` (no launcher of ours chose one, and rank 0 diagnoses the job's directory)."""
+    chosen = getattr(config, "flight_recorder_dir", "")
+    if chosen:
+        return chosen
+    base = os.path.join(tempfile.gettempdir(), DEFAULT_DIR_NAME)
+    job = mpirun_job_id() if _launched_by(config) == "mpirun" else ""
+    return os.path.join(base, f"mpirun-{job}") if job else base
 
 
 def _library_dirs() -> tuple:
@@ -157,7 +191,11 @@ def on_stall_warning(runtime: Any) -> None:
 
 def request_all(runtime: Any, reason: str) -> None:
     """Ask the launcher (through the rendezvous store) to have every rank dump: it signals them, so ranks stuck
-    outside Horovod dump too.  Best effort, off the calling thread."""
+    outside Horovod dump too.  Under ``mpirun`` rank 0 is that launcher (:func:`collect_under_mpirun`).  Best
+    effort, off the calling thread."""
+    if _launched_by(getattr(runtime, "config", None)) == "mpirun":
+        collect_under_mpirun(runtime, reason)
+        return
     store = getattr(runtime, "store", None)
     if store is None or not hasattr(store, "put"):
         return
@@ -207,3 +245,153 @@ def signal_children(signum: int) -> None:
                 os.kill(pid, signum)
         except (OSError, ValueError):
             continue
+
+
+# -- collection (the launchers' watch, and rank 0 under mpirun) ----------------------------------------------------
+
+def proc_state(pid: int) -> str:
+    """``running``, ``stopped``, ``exited`` (gone or a zombie) from /proc; ``unknown`` elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "exited"
+    except (OSError, IndexError):
+        return "unknown"
+    return {"T": "stopped", "t": "stopped", "Z": "exited", "X": "exited"}.get(state, "running")
+
+
+def announced(scope: Mapping[str, bytes]) -> Dict[int, Tuple[str, int, bool]]:
+    """rank → (host, pid, whether SIGUSR1 makes it dump), from the store scope the ranks announce in."""
+    out = {}
+    for key, raw in scope.items():
+        if key.startswith("pid."):
+            host, pid, handles = (raw.decode(errors="replace").split("|") + ["", "", "0"])[:3]
+            try:
+                out[int(key[4:])] = (host, int(pid), handles == "1")
+            except ValueError:
+                continue
+    return out
+
+
+def _is_here(host: str) -> bool:
+    return host in (socket.gethostname(), "localhost", "127.0.0.1")
+
+
+def local_ranks(pids: Mapping[int, Tuple[str, int, bool]], is_local=_is_here) -> Dict[int, int]:
+    """rank → pid of the announced ranks on this host that dump on SIGUSR1 (others must not get it)."""
+    return {r: pid for r, (host, pid, ours) in pids.items() if ours and is_local(host)}
+
+
+def _dump_names(where: str) -> List[str]:
+    try:
+        return [n for n in os.listdir(where) if n.endswith(".json") and n.startswith("g") and "-rank" in n]
+    except OSError:
+        return []
+
+
+def dumped_ranks(where: str, since: float = 0.0, generation: Optional[int] = None) -> set:
+    """Ranks with a dump of their own (not a child's) in ``where`` written at or after ``since`` (wall clock), of
+    ``generation`` when given (``g<generation>-rank<r>-<pid>-<ms>.json``)."""
+    ranks = set()
+    for name in _dump_names(where):
+        match = re.match(r"g(-?\d+)-rank(\d+)-(\d+)-(\d+)\.json$", name)
+        if match is None or (generation is not None and int(match.group(1)) != generation):
+            continue
+        if int(match.group(4)) >= since * 1000:
+            ranks.add(int(match.group(2)))
+    return ranks
+
+
+def gather(where: str, targets: Mapping[int, int], generation: Optional[int] = None,
+           timeout: float = COLLECT_TIMEOUT_S) -> None:
+    """Send ``SIGUSR1`` to the running processes of ``targets`` (rank → pid; this process is skipped: it dumped
+    already) and wait, bounded by ``timeout``, until each live one wrote a new dump and no new dump appeared for a
+    moment (a rank passes the signal on to its forked children, whose dumps land a little after the rank's)."""
+    began = time.time()
+    deadline = time.monotonic() + timeout
+    for pid in targets.values():
+        if pid != os.getpid() and proc_state(pid) == "running":
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+    while time.monotonic() < deadline:
+        live = {r for r, pid in targets.items() if pid != os.getpid() and proc_state(pid) == "running"}
+        if live <= dumped_ranks(where, began - 1.0, generation):
+            break
+        time.sleep(_POLL_S)
+    count = len(_dump_names(where))
+    while time.monotonic() < deadline:
+        time.sleep(_SETTLE_S)
+        now = len(_dump_names(where))
+        if now == count:
+            break
+        count = now
+
+
+def process_view(pids: Mapping[int, Tuple[str, int, bool]], exits: Mapping[int, Optional[int]],
+                 hosts: Mapping[int, str], is_local=_is_here) -> Dict[str, dict]:
+    """rank → {host, pid, state (running / stopped / exited / unknown), returncode, signal}, as
+    :data:`LAUNCHER_FILE` records it: ``exits`` (rank → exit status) from the launcher, states of local processes
+    from /proc."""
+    view = {}
+    for rank in sorted(set(pids) | set(exits) | set(hosts)):
+        host, pid, _ = pids.get(rank, (hosts.get(rank, ""), None, False))
+        info: Dict[str, Any] = {"host": host or hosts.get(rank, ""), "pid": pid, "state": "unknown"}
+        if rank in exits:
+            code = exits[rank]
+            info.update(state="exited", returncode=code)
+            if code is not None and code < 0:
+                try:
+                    info["signal"] = signal.Signals(-code).name
+                except ValueError:
+                    pass
+        elif pid is not None and is_local(host):
+            info["state"] = proc_state(pid)
+        view[str(rank)] = info
+    return view
+
+
+def write_process_view(where: str, reason: str, view: Mapping[str, dict], generation: Optional[int] = None) -> None:
+    """Write :data:`LAUNCHER_FILE` (``generation``: the one the view is of, when the collector knows it)."""
+    try:
+        with open(os.path.join(where, LAUNCHER_FILE), "w") as handle:
+            json.dump({"reason": reason, "ranks": view, "generation": generation}, handle)
+    except OSError:
+        pass
+
+
+def collect_under_mpirun(runtime: Any, reason: str) -> None:
+    """Under ``mpirun``, rank 0 does what our launchers do: signal the ranks on its host (they announced their pids
+    in the store rank 0 serves), wait for their dumps, and log the doctor's verdict on the job's directory.  The
+    verdict comes from ``python -m horovod.doctor`` in a child process: the doctor sits above the engine.  Off
+    the calling thread, one collection at a time; ranks on other hosts are not signalled (their own dumps on the
+    stall error still land there when the directory is shared)."""
+    server = getattr(runtime, "rendezvous_server", None)
+    if runtime.rank != 0 or server is None:
+        return
+    busy = runtime.__dict__.setdefault("_mpirun_collecting", threading.Lock())
+    if not busy.acquire(blocking=False):
+        return   # a collection is running: it covers this request too
+    where = directory(runtime.config)
+    generation = getattr(runtime, "flight_generation", None)
+
+    def run() -> None:
+        began = time.monotonic()
+        try:
+            pids = announced(server.store.scope(STORE_SCOPE))
+            gather(where, local_ranks(pids), generation)
+            write_process_view(where, f"rank 0 reported a {reason} (mpirun)", process_view(pids, {}, {}),
+                               generation)
+            done = subprocess.run([sys.executable, "-m", "horovod.doctor", where], capture_output=True, text=True,
+                                  timeout=60)
+            text = (done.stdout or done.stderr).rstrip()
+        except Exception as exc:   # a diagnosis must never break the engine
+            text = f"Horovod doctor: no verdict ({exc!r})"
+        finally:
+            busy.release()
+        logger.warning("%s\n  dumps: %s (collected in %.1f s after the %s); rerun: python -m horovod.doctor %s",
+                       text, where, time.monotonic() - began, reason, where)
+
+    threading.Thread(target=run, name="horovod-doctor-collect", daemon=True).start()

@@ -15,13 +15,14 @@ import logging
 import re
 import subprocess
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod.ray.worker import BaseHorovodWorker
 from horovod.runner.elastic.driver import ElasticDriver, ElasticSettings
+from horovod.runner.elastic.settings import WorkerProcess
 from horovod.runner.exec import WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ class ActorProcess:
     @classmethod
     def start(cls, wid: str, env: Dict[str, str], func: Callable[[], Any], options: Dict[str, Any],
               queue=None) -> "ActorProcess":
-        actor = ray.remote(BaseHorovodWorker).options(**options).remote(int(env["HOROVOD_RANK"]),
-                                                                         int(env["HOROVOD_SIZE"]))
+        actor: Any = ray.remote(BaseHorovodWorker).options(**options).remote(int(env["HOROVOD_RANK"]),
+                                                                              int(env["HOROVOD_SIZE"]))
         actor.update_env_vars.remote(env)
         if queue is not None:
             actor.set_queue.remote(queue)
@@ -97,8 +98,9 @@ class ActorProcess:
         if self.returncode is None:
             ready, _ = ray.wait([self._ref], timeout=timeout)
             if not ready:
-                raise subprocess.TimeoutExpired(self.pid, timeout)
+                raise subprocess.TimeoutExpired(self.pid, timeout or 0.0)
             self._collect()
+        assert self.returncode is not None   # _collect() sets it
         return self.returncode
 
     def kill(self) -> None:
@@ -131,21 +133,25 @@ class RayElasticDriver(ElasticDriver):
 
     def results(self, members: List[str]) -> List[Any]:
         """What the functions of ``members`` returned, in that order."""
-        return [self._workers[wid].proc.result for wid in members]
+        return [self._actor(wid).result for wid in members]
 
     def worker_actors(self) -> Dict[str, Any]:
         """``{worker id: actor handle}`` of the workers still running (e.g. to inspect or kill one)."""
-        return {wid: w.proc.actor for wid, w in list(self._workers.items()) if w.running and w.proc.poll() is None}
+        return {wid: self._actor(wid).actor for wid, w in list(self._workers.items())
+                if w.running and w.proc.poll() is None}
 
     def current_members(self) -> List[str]:
         """Worker ids of the current epoch, by rank."""
         return list(self._members)
+
+    def _actor(self, wid: str) -> ActorProcess:
+        return cast(ActorProcess, self._workers[wid].proc)   # _start_worker starts nothing else
 
     # -- how workers start and stop: actors, not processes (an actor's pid may belong to another machine) --------
     def _start_worker(self, wid: str, spec: WorkerSpec) -> ActorProcess:
         return ActorProcess.start(wid, spec.env, self._func, actor_placement(spec.hostname, self._resources),
                                   self._queue)
 
-    def _stop_workers(self, procs: Sequence[ActorProcess]) -> None:
+    def _stop_workers(self, procs: Sequence[WorkerProcess]) -> None:
         for proc in procs:
-            proc.kill()
+            cast(ActorProcess, proc).kill()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ray
 
@@ -33,7 +33,7 @@ class ElasticAdapter:
 
     def __init__(self, settings: MiniSettings, min_workers: int = 1, max_workers: Optional[int] = None,
                  cpus_per_worker: float = 1, use_gpu: bool = False, gpus_per_worker: Optional[float] = None,
-                 reset_limit: Optional[int] = None, cooldown_range: Optional[Tuple[int, int]] = None,
+                 reset_limit: Optional[int] = None, cooldown_range: Optional[Sequence[int]] = None,
                  elastic_timeout: float = 600, override_discovery: bool = True,
                  env_vars: Optional[Dict[str, Any]] = None):
         if min_workers < 1:
@@ -45,7 +45,7 @@ class ElasticAdapter:
         self.min_workers, self.max_workers = min_workers, max_workers
         self.resources = worker_resources(cpus_per_worker, use_gpu, gpus_per_worker)
         self.reset_limit = reset_limit
-        self.cooldown_range = tuple(cooldown_range) if cooldown_range is not None else None
+        self.cooldown_range = (int(cooldown_range[0]), int(cooldown_range[1])) if cooldown_range is not None else None
         self.elastic_timeout = elastic_timeout
         self.env_vars = {k: str(v) for k, v in (env_vars or {}).items()}
         if override_discovery or settings.discovery is None:

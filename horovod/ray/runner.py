@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import ray
 
@@ -23,6 +23,7 @@ from horovod.ray import ray_logger
 from horovod.ray.settings import MiniSettings, knob_env_from, rendezvous_bind_host
 from horovod.ray.strategy import ColocatedStrategy, PackStrategy, Placement, worker_resources
 from horovod.ray.worker import BaseHorovodWorker
+from horovod.runner.doctor_watch import HangWatch
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 from horovod.runner.job import JobSettings, job_env
 from horovod.runner.threads import set_worker_threads
@@ -110,6 +111,7 @@ class RayExecutor:
         if num_workers is not None and num_hosts is not None:
             raise ValueError(f"give either num_workers ({num_workers}) or num_hosts ({num_hosts}) with "
                              f"num_workers_per_host, not both")
+        self.strategy: Union[PackStrategy, ColocatedStrategy]
         if num_workers is not None:
             if num_workers < 1:
                 raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -128,6 +130,7 @@ class RayExecutor:
         self.workers: List[Any] = []          # actor handles in rank order
         self._placement: Optional[Placement] = None
         self._server: Optional[RendezvousServer] = None
+        self._hang: Optional[HangWatch] = None   # the hang doctor's collection for the executor's calls
         self._queue = None
         self._calls = 0
         self._failed = False   # the last gathered call failed: the next one starts fresh engines everywhere
@@ -173,7 +176,7 @@ class RayExecutor:
         self._placement = self.strategy.place()
         remote_cls = ray.remote(BaseHorovodWorker)
         resources = self.strategy.resources
-        actors = [remote_cls.options(num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0),
+        actors: List[Any] = [remote_cls.options(num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0),
                                      scheduling_strategy=self._placement.scheduling(i)).remote(i, self.num_workers)
                   for i in range(self.num_workers)]
         self.workers = actors   # start order until the ranks are known (shutdown() must find them either way)
@@ -192,6 +195,9 @@ class RayExecutor:
                           start_timeout=int(self.settings.timeout_s),
                           extra_env={k: str(v) for k, v in extra_env_vars.items()})
         base = job_env({}, job, self._server.host, self._server.port, secret)
+        # The hang doctor: the actors announce their pids at init(); those on this machine are signalled to dump.
+        self._hang = HangWatch(self._server.store, base, {s.rank: s.hostname for s in slots.values()}).start()
+        base.update(self._hang.env())
         gpus = self._visible_gpus(by_rank, slots) if self.use_gpu else {}
         envs = []
         for index in by_rank:
@@ -235,6 +241,9 @@ class RayExecutor:
         if self._placement is not None:
             self._placement.release()
             self._placement = None
+        if self._hang is not None:
+            self._hang.stop()
+            self._hang = None
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -252,6 +261,8 @@ class RayExecutor:
         if callbacks:
             self._ensure_queue()
         fresh, self._failed = self._failed, False
+        if self._hang is not None:
+            self._hang.fresh_verdict()
         return [w.run_job_call.remote(fn, self._calls, fresh) for w in self.workers]
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Optional[List[Callable]] = None) -> List[Any]:
@@ -328,6 +339,10 @@ class RayExecutor:
             if isinstance(error, ray.exceptions.RayActorError):
                 # The actor could not say which rank it was: say it here.
                 error.add_note(f"(the actor of Horovod rank {rank} of {len(refs)} died)")
+            if self._hang is not None:   # the verdict of a stall in this call, or one collected now
+                verdict = self._hang.verdict or self._hang.collect(f"rank {rank} failed", announce=False)
+                if verdict:
+                    error.add_note(verdict)
             raise error
         return ray.get(refs)
 

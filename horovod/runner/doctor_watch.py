@@ -15,7 +15,6 @@ when it is shared storage).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -27,33 +26,21 @@ import time
 from typing import Dict, Mapping, Optional
 
 from horovod.doctor import DumpDirectoryError, report
-from horovod.doctor.dumps import LAUNCHER_FILE
-from horovod.engine.flight_dump import STORE_SCOPE
+from horovod.engine import flight_dump
+from horovod.engine.flight_dump import COLLECT_TIMEOUT_S, STORE_SCOPE
 from horovod.runner.exec import WorkerExit
 from horovod.runner.hosts import is_local_host
 
 logger = logging.getLogger("horovod.runner")
 
 DIR_ENV = "HOROVOD_FLIGHT_RECORDER_DIR"
-#: How long the launcher waits for the ranks' dumps after asking for them.
-COLLECT_TIMEOUT_S = 5.0
 _POLL_S = 0.1
-#: How long no new dump may appear before the collection counts as complete (children dump after their rank).
-_SETTLE_S = 0.5
 #: Requests this soon after a collection are the same stall seen by another rank (the fast lane warns on each).
 REQUEST_QUIET_S = 10.0
 
 
-def _proc_state(pid: int) -> str:
-    """``running``, ``stopped``, ``exited`` (gone or a zombie) from /proc; ``unknown`` elsewhere."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "exited"
-    except (OSError, IndexError):
-        return "unknown"
-    return {"T": "stopped", "t": "stopped", "Z": "exited", "X": "exited"}.get(state, "running")
+def _is_local(host: str) -> bool:
+    return host == socket.gethostname() or is_local_host(host)
 
 
 class HangWatch:
@@ -72,6 +59,8 @@ class HangWatch:
         self.directory = worker_env.get(DIR_ENV) or tempfile.mkdtemp(prefix="horovod-doctor-")
         self.exits: Dict[int, WorkerExit] = {}
         self.verdict: str = ""
+        #: Wait only for dumps of this generation (elastic jobs: the epoch); ``None``: any recent dump.
+        self.generation: Optional[int] = None
         self._stop = threading.Event()
         self._collect_lock = threading.Lock()
         self._seen_request: Optional[bytes] = None
@@ -120,91 +109,21 @@ class HangWatch:
                 self.collect(f"rank 0 reported a {reason}" if "stall" in reason else reason)
 
     # -- collection -------------------------------------------------------------------------------------------
-    def _pids(self) -> Dict[int, tuple]:
-        """rank → (host, pid, whether SIGUSR1 makes it dump), as the ranks announced them."""
-        out = {}
-        for key, raw in self.store.scope(STORE_SCOPE).items():
-            if key.startswith("pid."):
-                host, pid, handles = (raw.decode(errors="replace").split("|") + ["", "", "0"])[:3]
-                try:
-                    out[int(key[4:])] = (host, int(pid), handles == "1")
-                except ValueError:
-                    continue
-        return out
-
-    def _dump_count(self) -> int:
-        try:
-            return sum(1 for name in os.listdir(self.directory) if name.endswith(".json"))
-        except OSError:
-            return 0
-
-    def _dumped_ranks(self) -> set:
-        ranks: set = set()
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return ranks
-        for name in names:
-            if name.endswith(".json") and "-rank" in name and "-child-" not in name:
-                try:
-                    ranks.add(int(name.split("-rank", 1)[1].split("-", 1)[0]))
-                except ValueError:
-                    continue
-        return ranks
-
-    def _launcher_view(self, pids: Dict[int, tuple]) -> Dict[str, dict]:
-        here = socket.gethostname()
-        view = {}
-        for rank in sorted(set(pids) | set(self.exits) | set(self.hosts)):
-            host, pid, _ = pids.get(rank, (self.hosts.get(rank, ""), None, False))
-            info = {"host": host or self.hosts.get(rank, ""), "pid": pid, "state": "unknown"}
-            if rank in self.exits:
-                code = self.exits[rank].returncode
-                info.update(state="exited", returncode=code)
-                if code is not None and code < 0:
-                    try:
-                        info["signal"] = signal.Signals(-code).name
-                    except ValueError:
-                        pass
-            elif pid is not None and (host == here or is_local_host(host)):
-                info["state"] = _proc_state(pid)
-            view[str(rank)] = info
-        return view
-
-    def collect(self, reason: str, announce: bool = True) -> str:
-        """Signal every local rank to dump, wait for the dumps (bounded), write ``launcher.json``, and return (and
-        with ``announce``, print) the verdict."""
+    def collect(self, reason: str, announce: bool = True, signal_ranks: bool = True) -> str:
+        """Signal every local rank to dump (unless ``signal_ranks`` is false: the dumps there are read as they
+        are), wait for the dumps (bounded), write ``launcher.json``, and return (and with ``announce``, print) the
+        verdict."""
         with self._collect_lock:
             began = time.monotonic()
-            pids = self._pids()
-            here = socket.gethostname()
-            local = {r: pid for r, (host, pid, ours) in pids.items() if ours and (host == here or is_local_host(host))}
-            for rank, pid in local.items():
-                if rank not in self.exits and _proc_state(pid) == "running":
-                    try:
-                        os.kill(pid, signal.SIGUSR1)
-                    except OSError:
-                        pass
-            deadline = began + COLLECT_TIMEOUT_S
-            while time.monotonic() < deadline:
-                live = {r for r, pid in local.items() if r not in self.exits and _proc_state(pid) == "running"}
-                if live <= self._dumped_ranks():
-                    break
-                time.sleep(_POLL_S)
-            # A rank passes the signal on to its forked children (data-loader workers), whose dumps land a little
-            # after the rank's own: wait until no new dump appears for a moment (still bounded by the deadline).
-            count = self._dump_count()
-            while time.monotonic() < deadline:
-                time.sleep(_SETTLE_S)
-                now = self._dump_count()
-                if now == count:
-                    break
-                count = now
-            try:
-                with open(os.path.join(self.directory, LAUNCHER_FILE), "w") as handle:
-                    json.dump({"reason": reason, "ranks": self._launcher_view(pids)}, handle)
-            except OSError:
-                pass
+            pids = flight_dump.announced(self.store.scope(STORE_SCOPE))
+            if signal_ranks:
+                targets = {r: pid for r, pid in flight_dump.local_ranks(pids, _is_local).items()
+                           if r not in self.exits}
+                flight_dump.gather(self.directory, targets, self.generation)
+            exits = {r: e.returncode for r, e in self.exits.items()}
+            flight_dump.write_process_view(self.directory, reason,
+                                           flight_dump.process_view(pids, exits, self.hosts, _is_local),
+                                           self.generation)
             try:
                 lines = report(self.directory)
             except DumpDirectoryError:
@@ -226,6 +145,28 @@ class HangWatch:
 
     def failure_text(self) -> str:
         return self.verdict
+
+    # -- jobs of several generations (elastic epochs, Ray calls): one watch for all ------------------------------
+    def fresh_verdict(self) -> None:
+        """A new generation or call: the last verdict was about an earlier one, and a stall is collected at once."""
+        self.verdict, self._last_collect = "", -REQUEST_QUIET_S
+
+    def new_generation(self, generation: int, hosts: Mapping[int, str]) -> None:
+        """An elastic job's next epoch: new ranks (their announcements come again), its dumps are waited for."""
+        self.generation, self.hosts, self.exits = generation, dict(hosts), {}
+        self.fresh_verdict()
+        for key in list(self.store.scope(STORE_SCOPE)):
+            if key.startswith("pid."):
+                self.store.delete((STORE_SCOPE, key))
+
+    def with_verdict(self, error: Exception, reason: str) -> Exception:
+        """``error`` (a whole-job failure) with the latest generation's verdict appended to its message: the one
+        collected at a stall in that generation, else one over the dumps there now (the ranks dumped on the failure
+        themselves; between epochs they have no engine to answer a signal)."""
+        verdict = self.verdict or self.collect(reason, announce=False, signal_ranks=False)
+        if verdict and error.args:
+            error.args = (f"{error.args[0]}\n{verdict}",) + tuple(error.args[1:])
+        return error
 
 
 def request_dump(launcher_pid: int) -> int:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from horovod.common.util import module_installed
 from horovod.engine import config
@@ -106,36 +106,43 @@ class MpiSparkJob(StaticSparkJob):
             raise LaunchNotAvailableError(f"horovod.spark.run(use_mpi=True): cannot run {self.mpirun}: {exc}") from None
         self._output.attach({"stdout": self._proc.stdout, "stderr": self._proc.stderr})
 
+    def _running(self) -> Tuple[subprocess.Popen, MpiOutput]:
+        if self._proc is None or self._output is None:
+            raise RuntimeError("MpiSparkJob: mpirun was not started (_start_workers runs first)")
+        return self._proc, self._output
+
     def _watch(self, store, job: sd.SparkJobThread) -> List[Any]:
         host_of = {slot.rank: slot.hostname for slot, _ in self._slots}
+        proc, output = self._running()
         try:
             while True:
-                code = self._proc.poll()
+                code = proc.poll()
                 errors = store.scope(ERROR_SCOPE)
                 if errors:
-                    raise self._failure(store, int(next(iter(errors))), host_of)
+                    raise self._mpirun_failure(store, int(next(iter(errors))), host_of)
                 if code is not None:
                     if code != 0:
-                        raise self._failure(store, None, host_of)
+                        raise self._mpirun_failure(store, None, host_of)
                     return self._results(store)
                 if job.done:
                     raise RuntimeError(f"the Spark job of horovod.spark.run ended before mpirun finished: "
                                        f"{job.failure_text()}")
                 time.sleep(POLL_INTERVAL)
         finally:
-            terminate([self._proc], 5.0)
-            self._output.finish()
+            terminate([proc], 5.0)
+            output.finish()
             # The tasks that ran no daemon hold their slot until now.
             store.put((proto.ABORT_SCOPE, proto.ABORT_KEY), b"the job has ended")
 
-    def _failure(self, store, rank: Optional[int], host_of: Dict[int, str]) -> RuntimeError:
+    def _mpirun_failure(self, store, rank: Optional[int], host_of: Dict[int, str]) -> RuntimeError:
+        proc, output = self._running()
         deadline = time.monotonic() + 5.0
-        while self._proc.poll() is None and time.monotonic() < deadline:
+        while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
-        terminate([self._proc], 5.0)
-        self._output.finish()
-        code = self._proc.returncode
-        message, first = describe_failure(code if code is not None else 1, list(self._output.untagged))
+        terminate([proc], 5.0)
+        output.finish()
+        code = proc.returncode
+        message, first = describe_failure(code if code is not None else 1, list(output.untagged))
         if rank is None and first is not None:
             rank = first.rank
         if rank is not None:

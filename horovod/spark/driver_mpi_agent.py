@@ -25,7 +25,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     env = dict(config.environ())
     topo = config.topology_from_env(env)
-    if len(args) < 2 or topo.secret is None or not topo.rendezvous_addr or TASKS_ENV not in env:
+    if (len(args) < 2 or topo.secret is None or not topo.rendezvous_addr or topo.rendezvous_port is None
+            or TASKS_ENV not in env):
         print("usage: python -m horovod.spark.driver_mpi_agent <host> <command> (mpirun's remote-shell agent "
               "for horovod.spark.run(use_mpi=True), which sets its environment)", file=sys.stderr)
         return 2

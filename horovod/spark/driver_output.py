@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Dict, Optional, Tuple
+from typing import IO, Callable, Dict, Optional, Tuple
 
 from horovod.runner.output import STREAMS, OutputSink
 import horovod.spark.task_protocol as proto
@@ -41,7 +41,7 @@ class OutputRelay:
 
     def attach(self, task_key: str, label: int) -> None:
         """Start forwarding the chunks of ``task_key`` under the tag of rank ``label``."""
-        pipes = {}
+        pipes: Dict[str, Optional[IO[bytes]]] = {}
         with self._lock:
             for stream in STREAMS:
                 read_fd, write_fd = os.pipe()

@@ -67,6 +67,8 @@ class SparkTaskDiscovery(HostDiscovery):
         self._beats = proto.HeartbeatWatch()
 
     def live_tasks(self) -> List[dict]:
+        if self.server is None:
+            raise RuntimeError("SparkTaskDiscovery: asked for tasks before the job's store was set")
         store = self.server.store
         now = time.monotonic()
         latest = {k: proto.load(v) for k, v in store.scope(proto.ATTEMPT_SCOPE).items()}
@@ -117,7 +119,8 @@ class ElasticSparkJob:
 
         self.settings = ElasticSettings(
             num_proc=num_proc, min_np=min_np, max_np=max_np, command=command, discovery=self.discovery,
-            elastic_timeout=float(resolve_elastic_timeout(elastic_timeout, self.env)), reset_limit=reset_limit,
+            elastic_timeout=float(resolve_elastic_timeout(None, self.env) if elastic_timeout is None
+                                  else elastic_timeout), reset_limit=reset_limit,
             nics=list(nics), prefix_timestamp=prefix_timestamp, start_timeout=int(start_timeout),
             rendezvous_host=self.addr, accepts_host=is_spark_task_host, stdout=stdout, stderr=stderr)
         self.settings.extra_env["PYTHONPATH"] = sd.worker_pythonpath(self.env)

@@ -26,7 +26,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = dict(config.environ())
     topo = config.topology_from_env(env)
     key = env.get("HOROVOD_HOSTNAME", "")
-    if topo.secret is None or not topo.rendezvous_addr or not key.startswith(proto.ELASTIC_HOST_PREFIX):
+    if (topo.secret is None or not topo.rendezvous_addr or topo.rendezvous_port is None
+            or not key.startswith(proto.ELASTIC_HOST_PREFIX)):
         print("horovod.spark.elastic_proxy: started without the job's environment (secret, rendezvous address, "
               "a Spark task's HOROVOD_HOSTNAME); the elastic driver of horovod.spark.run_elastic starts it",
               file=sys.stderr)

@@ -85,15 +85,16 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[
     num_proc = _num_proc(sc, num_proc, verbose)
     payload = _payload(fn, args, kwargs)
     job_args = (sc, num_proc, timeout, dict(os.environ) if env is None else dict(env), parse_nics(nics))
-    job_kwargs = dict(stdout=stdout, stderr=stderr, prefix_timestamp=prefix_output_with_timestamp,
-                      executable=executable, verbose=verbose)
+    job_kwargs: Dict[str, Any] = dict(stdout=stdout, stderr=stderr, prefix_timestamp=prefix_output_with_timestamp,
+                                      executable=executable, verbose=verbose)
+    from horovod.spark.driver_static import StaticSparkJob
+
+    job: StaticSparkJob
     if use_mpi:
         from horovod.spark.driver_mpi import MpiSparkJob
 
         job = MpiSparkJob(*job_args, extra_mpi_args=extra_mpi_args, **job_kwargs)
     else:
-        from horovod.spark.driver_static import StaticSparkJob
-
         job = StaticSparkJob(*job_args, **job_kwargs)
     return job.run(payload)
 

@@ -21,7 +21,7 @@ A static job's task key is its partition index; an elastic job's is its host id 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, overload
 
 TASK_SCOPE = "spark_task"
 BEAT_SCOPE = "spark_beat"
@@ -53,7 +53,16 @@ def dump(doc: Dict[str, Any]) -> bytes:
     return json.dumps(doc).encode()
 
 
+@overload
+def load(raw: bytes) -> Dict[str, Any]: ...
+@overload
+def load(raw: None) -> None: ...
+@overload
+def load(raw: Optional[bytes]) -> Optional[Dict[str, Any]]: ...
+
+
 def load(raw: Optional[bytes]) -> Optional[Dict[str, Any]]:
+    """A store document; ``None`` for a key that is not there."""
     return json.loads(raw.decode()) if raw is not None else None
 
 

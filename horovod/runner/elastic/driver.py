@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, cast
 
 from horovod.engine import membership
 from horovod.runner import exec as _exec
@@ -46,9 +46,11 @@ from horovod.runner.elastic.layout import assign_ranks, host_of, plan_members
 from horovod.runner.elastic.remote import RemoteHosts, rendezvous_address
 # The job's settings and outcome live in settings.py; importable from here as well, where the driver is.
 from horovod.runner.elastic.settings import ElasticJobError, ElasticResult, ElasticSettings  # noqa: F401
+from horovod.runner.elastic.settings import WorkerProcess, describe_exit_code
 from horovod.runner.exec import WorkerExit, WorkerSpec
 from horovod.runner.hosts import HostInfo, is_local_host
 from horovod.engine.teardown import CULPRIT_SCOPE
+from horovod.runner.doctor_watch import HangWatch
 from horovod.runner.job import JobSettings, first_failures, job_env, reported_culprits
 from horovod.runner.output import OutputSink
 from horovod.transport.rendezvous import MemoryStore, RendezvousServer
@@ -71,7 +73,7 @@ HOST_FAILURES_BEFORE_BLACKLIST = 3
 @dataclass
 class _Worker:
     wid: str
-    proc: subprocess.Popen
+    proc: WorkerProcess
     label: int                      # its output prefix: the rank it was planned for, unless a live worker has it
     last_epoch: int = -1            # last epoch the driver placed it in
     exit_code: Optional[int] = None
@@ -109,7 +111,7 @@ class ElasticDriver:
         self._unlaunchable_warned: set = set()
         self._discovery_error: Optional[str] = None
         self._workers: Dict[str, _Worker] = {}
-        self._all_procs: List[subprocess.Popen] = []
+        self._all_procs: List[WorkerProcess] = []
         self._members: List[str] = []
         self._epoch = -1
         self._resets = 0
@@ -126,6 +128,7 @@ class ElasticDriver:
         self._command: List[str] = []
         self._env: Dict[str, str] = {}
         self._remote: Optional[RemoteHosts] = None   # None: the launcher that made us starts the workers
+        self._hang: Optional[HangWatch] = None   # the hang doctor: one dump directory, generations by file name
 
     # -- public ---------------------------------------------------------------------------------------
     @property
@@ -170,6 +173,8 @@ class ElasticDriver:
             self._env = job_env(self.parent_env, base, server.host, server.port, secret)
             self._env["HOROVOD_ELASTIC"] = "1"
             self._env["HOROVOD_ELASTIC_TIMEOUT"] = str(int(s.elastic_timeout) + WORKER_TIMEOUT_MARGIN)
+            self._hang = HangWatch(server.store, self._env, {})
+            self._env.update(self._hang.env())
             self._sink = OutputSink(max(s.max_np or 0, s.num_proc), prefix_timestamp=s.prefix_timestamp,
                                     output_dir=s.output_dir, stdout=s.stdout, stderr=s.stderr)
             logger.info("elastic job: rendezvous store at %s:%s; -np %d, --min-np %d, --max-np %s",
@@ -177,9 +182,13 @@ class ElasticDriver:
             self._on_hosts(first if first is not None else self._first_discovery())
             discovery = threading.Thread(target=self._discovery_loop, name="hvd-elastic-discovery", daemon=True)
             discovery.start()
+            self._hang.start()
             try:
                 return self._loop()
+            except ElasticJobError as exc:
+                raise self._hang.with_verdict(exc, f"the elastic job failed in epoch {self._epoch}") from None
             finally:
+                self._hang.stop()
                 self._stop.set()
                 self._stop_workers(self._all_procs)
                 self._sink.finish()
@@ -372,14 +381,14 @@ class ElasticDriver:
             return   # running (or still being stopped: the slot is reused once it is gone)
         self._launch(wid, label)
 
-    def _start_worker(self, wid: str, spec: WorkerSpec) -> subprocess.Popen:
+    def _start_worker(self, wid: str, spec: WorkerSpec) -> WorkerProcess:
         """Start one worker process (a subclass may start something that quacks like ``Popen`` instead: ``pid``,
         ``stdout``, ``stderr``, ``poll()``, ``wait(timeout)``, e.g. a Ray actor)."""
         return _exec._start(spec)
 
-    def _stop_workers(self, procs: Sequence[subprocess.Popen]) -> None:
+    def _stop_workers(self, procs: Sequence[WorkerProcess]) -> None:
         """Stop workers started by :meth:`_start_worker` (SIGTERM to their groups, SIGKILL after the grace)."""
-        _exec.terminate(procs, self.settings.grace_seconds)
+        _exec.terminate(cast(Sequence[subprocess.Popen], procs), self.settings.grace_seconds)   # ours: processes
 
     def _free_label(self, planned: int) -> int:
         """The output prefix of a new worker: its planned rank, or the lowest one no running worker prints under.
@@ -419,7 +428,7 @@ class ElasticDriver:
         logger.info("started worker %s (pid %s)", wid, proc.pid)
         threading.Thread(target=self._watch, args=(wid, proc), name=f"hvd-elastic-watch-{wid}", daemon=True).start()
 
-    def _watch(self, wid: str, proc: subprocess.Popen) -> None:
+    def _watch(self, wid: str, proc: WorkerProcess) -> None:
         self._events.put(("exit", wid, proc, proc.wait()))
 
     def _remove(self, worker: _Worker, why: str) -> None:
@@ -440,7 +449,7 @@ class ElasticDriver:
                 continue   # still training in the current epoch: it leaves at the next reset
             self._remove(worker, "its slot is no longer part of the job")
 
-    def _on_exit(self, wid: str, proc: subprocess.Popen, code: int) -> None:
+    def _on_exit(self, wid: str, proc: WorkerProcess, code: int) -> None:
         worker = self._workers.get(wid)
         if worker is None or worker.proc is not proc:
             return   # an earlier process of a reused slot
@@ -457,6 +466,9 @@ class ElasticDriver:
             return
         failure = WorkerExit(worker.label, worker.host, code)
         self._failures.append(failure)
+        if wid in self._members and worker.last_epoch == self._epoch and self._hang is not None:
+            rank = self._members.index(wid)
+            self._hang.exits[rank] = WorkerExit(rank, worker.host, code)   # the doctor's view of the epoch
         if self._finishing:
             self._late_failures.append(failure)
         where = (f"rank {self._members.index(wid)} of epoch {self._epoch}" if wid in self._members and
@@ -472,14 +484,14 @@ class ElasticDriver:
             # One process failed on a host that still runs others: replace it there; the survivors keep their
             # state and the job resumes from the last commit with the same size.
             logger.warning("worker %s (%s) exited with %s; starting a new worker in its slot on %s (failure %d of "
-                           "%d before the host is blacklisted)", wid, where, _describe_code(code), worker.host,
+                           "%d before the host is blacklisted)", wid, where, describe_exit_code(code), worker.host,
                            failures, HOST_FAILURES_BEFORE_BLACKLIST)
             return
         self._host_failures.pop(worker.host, None)
         cooldown = self.blacklist.blacklist(worker.host)
         how = "for good" if cooldown is None else f"for {cooldown:.1f} s"
         logger.warning("worker %s (%s) exited with %s; blacklisting host %s %s", wid, where,
-                       _describe_code(code), worker.host, how)
+                       describe_exit_code(code), worker.host, how)
         for other in self._workers.values():
             if other.host == worker.host and other.running:
                 self._remove(other, f"host {worker.host} is blacklisted")
@@ -529,6 +541,8 @@ class ElasticDriver:
         for worker in self._workers.values():
             if worker.running and worker.wid not in kept:
                 self._remove(worker, f"it is not part of epoch {epoch}")
+        if self._hang is not None:   # before the workers learn the epoch: their announcements are of the new one
+            self._hang.new_generation(epoch, {rank: host_of(wid) for rank, wid in enumerate(order)})
         self.store.put((membership.SCOPE, "assignment"), json.dumps(doc).encode())
         self.store.clear_scope(CULPRIT_SCOPE)   # reports name ranks of the epoch that just ended
         for wid in order:
@@ -559,13 +573,3 @@ class ElasticDriver:
         logger.info("elastic job finished after %d resets", self._resets)
         return ElasticResult(list(self._members), self._epoch + 1, self._resets, self.store)
 
-
-def _describe_code(code: int) -> str:
-    if code < 0:
-        import signal
-
-        try:
-            return f"{code} (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            return str(code)
-    return str(code)

@@ -2,8 +2,9 @@
 :class:`ElasticJobError`); the driver that runs it is :mod:`horovod.runner.elastic.driver`."""
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
-from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from horovod.runner.elastic.discovery import HostDiscovery
 from horovod.runner.exec import DEFAULT_GRACE_SECONDS, JobFailedError, WorkerExit
@@ -104,3 +105,26 @@ class ElasticResult:
     epochs: int
     resets: int
     store: MemoryStore
+
+
+def describe_exit_code(code: int) -> str:
+    """``-9 (killed by SIGKILL)`` for a signal, the number otherwise."""
+    if code < 0:
+        try:
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+class WorkerProcess(Protocol):
+    """What the elastic driver uses of a worker it started: a ``subprocess.Popen``, or what a launcher with its own
+    workers starts instead (Ray's actors)."""
+
+    pid: Any
+    stdout: Any
+    stderr: Any
+
+    def poll(self) -> Optional[int]: ...
+
+    def wait(self, timeout: Optional[float] = None) -> int: ...

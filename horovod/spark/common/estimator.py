@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Callable, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence
 
 import numpy as np
 from pyspark.ml import Estimator, Model
@@ -24,6 +24,10 @@ class HorovodEstimator(Estimator):
     """Base of the framework estimators; subclasses implement :meth:`_fit_on_prepared_data`."""
 
     _EXTRA_PARAMS: Dict[str, tuple] = {}
+
+    if TYPE_CHECKING:
+        # The getX/setX accessors are generated from the parameter tables (params.add_params): typed as Any.
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(self, **kwargs) -> None:
         super().__init__()
@@ -180,6 +184,10 @@ class HorovodModel(Model):
     """Base of the trained models; subclasses give :meth:`_predict_fn`, a picklable batch predictor."""
 
     _EXTRA_PARAMS: Dict[str, tuple] = {}
+
+    if TYPE_CHECKING:
+        # The getX/setX accessors are generated from the parameter tables (params.add_params): typed as Any.
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(self, **kwargs) -> None:
         super().__init__()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -122,7 +122,7 @@ def prepare_data(df, store, feature_cols: Sequence[str], label_cols: Sequence[st
         raise ValueError(f"validation must be a fraction in [0, 1) or the name of a column marking validation "
                          f"rows, got {validation!r}.")
 
-    meta = {"columns": column_metadata(df, columns)}
+    meta: Dict[str, Any] = {"columns": column_metadata(df, columns)}
     selected = vectors_to_arrays(selected, columns)
     if num_partitions:
         selected = selected.repartition(int(num_partitions))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import List
+from typing import Any, Dict, List, Tuple
 
 import cloudpickle
 import numpy as np
@@ -12,7 +12,7 @@ from horovod.spark.common.estimator import HorovodEstimator, HorovodModel
 from horovod.spark.common.params import add_params
 from horovod.spark.keras import remote
 
-KERAS_ESTIMATOR_PARAMS = {
+KERAS_ESTIMATOR_PARAMS: Dict[str, Tuple[Any, str]] = {
     "custom_objects": ({}, "custom Keras objects (layers, losses) by name, for loading the model"),
     "loss_weights": (None, "weight of each output's loss"),
     "checkpoint_callback": (None, "accepted for compatibility: every epoch is checkpointed to the store"),
@@ -20,7 +20,7 @@ KERAS_ESTIMATOR_PARAMS = {
     "input_shapes": (None, "shape of each feature column's array, e.g. [[-1, 8, 8, 1]]"),
 }
 
-KERAS_MODEL_PARAMS = {
+KERAS_MODEL_PARAMS: Dict[str, Tuple[Any, str]] = {
     "custom_objects": ({}, "custom Keras objects used by the model"),
     "_floatx": (None, "keras.backend.floatx() of the training run"),
 }

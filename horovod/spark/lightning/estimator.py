@@ -1,6 +1,8 @@
 """``horovod.spark.lightning.TorchEstimator``: train a ``lightning.LightningModule`` with Horovod on Spark."""
 from __future__ import annotations
 
+from typing import Any, Dict, Tuple
+
 import cloudpickle
 
 from horovod.spark.common.estimator import HorovodEstimator
@@ -8,7 +10,7 @@ from horovod.spark.common.params import add_params
 from horovod.spark.lightning import remote
 from horovod.spark.torch.estimator import TORCH_MODEL_PARAMS, TorchModel as _TorchModel
 
-LIGHTNING_PARAMS = {
+LIGHTNING_PARAMS: Dict[str, Tuple[Any, str]] = {
     "input_shapes": (None, "shape of each feature column's tensor, e.g. [[-1, 1, 8, 8]]"),
     "trainer_args": ({}, "keyword arguments for lightning.Trainer (accelerator, devices, max_epochs, "
                          "limit_train_batches and callbacks are set by the estimator)"),
