@@ -67,7 +67,7 @@ def _drive(selector: selectors.BaseSelector, boards: Sequence[TcpRoundBoard], r:
     """Drain whichever board's socket is readable until every board has round ``r``'s AND (as the engine's drive
     loop: a board is asked for its result after its socket was drained)."""
     deadline = time.monotonic() + timeout
-    pending = set(boards)
+    pending = {board for board in boards if not board.complete(r)}
     while pending:
         if time.monotonic() > deadline:
             raise RuntimeError(f"round {r} did not complete in {timeout:.0f} s")
@@ -107,6 +107,8 @@ def measure(n: int, rounds: int, words: int = 19) -> dict:
                 for sock in socks[rank].values():
                     sock.close()
             _rank0(TcpRoundBoard(0, n, socks[0]), n, rounds, words, report_w)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+            report_w.sendall(json.dumps(dict(error=repr(exc))).encode() + b"\n")
         finally:
             os._exit(0)
     for sock in socks[0].values():
@@ -121,7 +123,7 @@ def measure(n: int, rounds: int, words: int = 19) -> dict:
             wall = time.perf_counter()
             for board, vec in zip(boards, vectors[1:]):
                 board.post(r, vec)
-            _drive(selector, [b for b in boards if not b.complete(r)], r)
+            _drive(selector, boards, r)
             walls.append(time.perf_counter() - wall)
             for board in boards:
                 board.result(r, words, out)
@@ -131,7 +133,9 @@ def measure(n: int, rounds: int, words: int = 19) -> dict:
         os.waitpid(pid, 0)
         for board in boards:
             board.close()
-    got = json.loads(line)
+    got = json.loads(line) if line else dict(error="rank 0's process reported nothing")
+    if "error" in got:
+        raise RuntimeError(f"N = {n}: rank 0 failed: {got['error']}")
     if wrong or got["wrong"]:
         raise RuntimeError(f"N = {n}: {wrong + got['wrong']} wrong ANDs")
     skip = min(2, rounds - 1)
