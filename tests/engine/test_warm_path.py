@@ -250,8 +250,9 @@ def test_cache_capacity_zero_turns_the_warm_path_off(transport):
     assert all(r["stats"] is None for r in results)
 
 
-def test_sixteen_ranks_on_this_machine():
-    results = _run_warm("train", 16, steps=6, timeout=600)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_sixteen_ranks_on_this_machine(transport):
+    results = _run_warm("train", 16, steps=6, timeout=600, transport=transport)
     stats = [r["stats"] for r in results]
     assert all(s == stats[0] for s in stats), stats
     assert stats[0][1] >= 0.9 * 18 * 5
