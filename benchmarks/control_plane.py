@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import pickle
@@ -41,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks._lib.report import write_json  # noqa: E402
 from horovod.engine import fusion, ops  # noqa: E402
 from horovod.engine.cache import CoordinatorCache, RequestCache  # noqa: E402
 from horovod.engine.messages import ControlMessage, Request  # noqa: E402
@@ -310,8 +310,7 @@ def main(argv=None) -> None:
                 print(f"{model:24} {mode:24} {n:5d} {warm['rank0_cpu_ms']:9.3f} {cold['rank0_cpu_ms']:9.2f} "
                       f"{warm['bytes_in']:11d} {warm['bytes_out']:11d}", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+        write_json(args.json, records)
 
 
 if __name__ == "__main__":

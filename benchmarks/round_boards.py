@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks._lib.report import write_json  # noqa: E402
 from horovod.transport.tcp_rounds import TcpRoundBoard, partners  # noqa: E402
 
 
@@ -167,8 +168,7 @@ def main(argv=None) -> None:
         print(f"{n:5d} {rec['rank0_cpu_us']:14.1f} {rec['wall_ms']:36.2f} {rec['rank0_frames_out']:14.0f} "
               f"{rec['rank0_bytes_out']:13.0f}", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+        write_json(args.json, records)
 
 
 if __name__ == "__main__":

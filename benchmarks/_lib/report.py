@@ -67,7 +67,7 @@ def header(argv: Optional[Sequence[str]]) -> Dict[str, str]:
             "load average": f"{load():.2f} at start"}
 
 
-def write_json(path: str, payload: Dict[str, Any]) -> None:
+def write_json(path: str, payload: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=1)
 
