@@ -6,7 +6,8 @@
 - ``big_result.py``: what a very large allreduce costs in place, into a new result, and against a first touch.
 - ``torch_training.py``, ``tf_training.py``, ``jax_collectives.py``: the framework bindings against each
   framework's own data-parallel path, in the same processes.
-- ``latency_stages.py``, ``control_plane.py``, ``flight_recorder.py``: where the time of one call goes.
+- ``latency_stages.py``, ``control_plane.py``, ``round_boards.py``, ``flight_recorder.py``: where the time of one
+  call or one training step's agreement goes (``round_boards.py``: the warm path's AND over real sockets).
 - ``gpu.py``: the device plane (run on a GPU machine: ``tests/gpu/device_check.sh``).
 
 Shared parts: ``_lib/`` (launching jobs under timeouts, sizes and bus-bandwidth math, tables and run headers),
