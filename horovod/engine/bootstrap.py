@@ -188,11 +188,16 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
 
 
 def _round_board(config: Config, world, boot: Bootstrap) -> Optional[RoundBoard]:
-    """The warm path's round board: the world transport's own (shared memory on one host), else one over TCP among
-    every rank's log2(size) partners (:mod:`horovod.transport.tcp_rounds`) when every rank agrees to use rounds
-    (a response cache, and no timeline recorded from the start: the timeline shows every negotiation)."""
+    """The warm path's round board: the world transport's own (shared memory on one host), else, for a job that spans
+    hosts, one over TCP among every rank's log2(size) partners (:mod:`horovod.transport.tcp_rounds`) when every rank
+    agrees to use rounds (a response cache, and no timeline recorded from the start: the timeline shows every
+    negotiation).
+
+    A job of one host on the tcp or mpi transport keeps the coordinator: there a lone tiny allreduce costs one round
+    trip to rank 0 (reduced inline), against a round plus a data-plane collective warm (~40 µs more at np = 2), and
+    one host never has the ranks that make the coordinator the bottleneck."""
     board = world.round_board()
-    if board is not None or boot.size < 2:
+    if board is not None or boot.size < 2 or boot.local_size == boot.size:
         return board
     from horovod.transport.tcp_rounds import connect_round_board
 

@@ -8,6 +8,8 @@ and a process-set mismatch on the fast lane.
 """
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -179,11 +181,24 @@ def warm_worker(scenario: str, steps: int) -> dict:
 
 
 
-def _run_warm(scenario, np_, steps=12, env=None, timeout=240, transport="shm", **kwargs):
+def two_hosts(np_):
+    """Host names that split ``np_`` ranks over two "hosts" of this machine (a job that spans hosts: its rounds run
+    over TCP, horovod/transport/tcp_rounds.py)."""
+    return ["localhost"] * ((np_ + 1) // 2) + ["127.0.0.1"] * (np_ // 2)
+
+
+def _run(worker, np_, transport, **kwargs):
+    """``run`` with "tcp" meaning the tcp transport on two hosts of this machine (rounds over TCP)."""
     if transport_skip_reason(transport):
         pytest.skip(transport_skip_reason(transport))
-    results = run(warm_worker, np_, transport, args=(scenario, steps), timeout=timeout,
-                  env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1", **(env or {})}, **kwargs)
+    if transport == "tcp" and kwargs.get("hosts") is None:
+        kwargs["hosts"] = two_hosts(np_)
+    return run(worker, np_, transport, **kwargs)
+
+
+def _run_warm(scenario, np_, steps=12, env=None, timeout=240, transport="shm", **kwargs):
+    results = _run(warm_worker, np_, transport, args=(scenario, steps), timeout=timeout,
+                   env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1", **(env or {})}, **kwargs)
     assert_no_failures([r["checks"] for r in results])
     return results
 
@@ -193,15 +208,26 @@ def test_repeated_collectives_in_any_order_run_warm_and_stay_right(np_):
     _assert_ran_warm(_run_warm("train", np_))
 
 
-# Across hosts the rounds run over TCP (horovod/transport/tcp_rounds.py): the tcp transport on one host, and the
-# hierarchical one with two host names on this machine (its ranks still reach rank 0 over Unix sockets; the
-# fences of a real second host are exercised by tests/runner/test_ssh_hosts.py's network-namespace hosts).
+# Across hosts the rounds run over TCP (horovod/transport/tcp_rounds.py): the tcp and the hierarchical transport
+# with two host names on this machine (its ranks still reach rank 0 over Unix sockets; the fences of a real second
+# host are exercised by tests/runner/test_ssh_hosts.py's network-namespace hosts).
 @pytest.mark.parametrize("np_,hosts", [(2, None), (3, None), (4, None),
                                        (4, ["localhost", "localhost", "127.0.0.1", "127.0.0.1"]),
                                        (3, ["localhost", "localhost", "127.0.0.1"])])
 def test_repeated_collectives_run_warm_over_tcp_rounds(np_, hosts):
     transport = "tcp" if hosts is None else "hierarchical"
     _assert_ran_warm(_run_warm("train", np_, transport=transport, hosts=hosts))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "mpi"])
+def test_a_job_of_one_host_without_shared_memory_keeps_the_coordinator(transport):
+    # There a lone tiny allreduce is one round trip to rank 0; rounds over TCP would add a second synchronisation.
+    if transport == "mpi" and not shutil.which("mpirun"):
+        pytest.skip("mpirun is not installed")
+    results = run(warm_worker, 2, transport, args=("train", 3), timeout=120,
+                  launcher="mpirun" if transport == "mpi" else "subprocess")
+    assert_no_failures([r["checks"] for r in results])
+    assert all(r["stats"] is None for r in results)
 
 
 def _assert_ran_warm(results):
@@ -390,9 +416,7 @@ def warm_stall_worker() -> dict:
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_the_stall_inspector_names_the_ranks_missing_for_a_warm_tensor(transport):
-    if transport_skip_reason(transport):
-        pytest.skip(transport_skip_reason(transport))
-    results = run(warm_stall_worker, 3, transport, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+    results = _run(warm_stall_worker, 3, transport, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
     assert results[0]["warned"], results[0]["log"]
     line = next(ln for ln in results[0]["log"].splitlines() if "allreduce.stalled_tensor" in ln)
     assert "[1, 2]" in line, line
@@ -425,9 +449,7 @@ def warm_kill_worker() -> dict:
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_rank_killed_while_the_others_wait_in_a_round_fails_them_naming_it(transport):
-    if transport_skip_reason(transport):
-        pytest.skip(transport_skip_reason(transport))
-    results = run(warm_kill_worker, 3, transport, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"}, timeout=60,
+    results = _run(warm_kill_worker, 3, transport, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"}, timeout=60,
                   expect_failure=True)
     assert results[2][0] == "died", results[2]
     for rank in (0, 1):
