@@ -17,23 +17,15 @@ import pytest
 from elastic_helpers import check_training, joined
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner" / "netns"))
-from cluster import ClusterUnavailable, NetnsCluster, ensure_tools  # noqa: E402
+from cluster import cluster_or_skip  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    try:
-        ensure_tools()
-        fake = NetnsCluster(tmp_path_factory.mktemp("cluster")).up()
-    except ClusterUnavailable as exc:
-        pytest.skip(f"no fake cluster on this machine: {exc}")
-    try:
-        fake.start_sshd("hostC")   # the fixture's hostC has no sshd by default; here it is the host added later
-        yield fake
-    finally:
-        fake.down()
+    # hostC has no sshd by default; here it is the host added later.
+    yield from cluster_or_skip(tmp_path_factory.mktemp("cluster"), sshd_hosts=["hostC"])
 
 
 @pytest.fixture

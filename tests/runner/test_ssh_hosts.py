@@ -35,7 +35,7 @@ from horovod.runner.mpi_job import spans_several_hosts
 from runner_helpers import REPO, child_env, launcher_argv
 
 sys.path.insert(0, str(Path(__file__).parent / "netns"))
-from cluster import ClusterUnavailable, NetnsCluster, ensure_tools  # noqa: E402
+from cluster import cluster_or_skip  # noqa: E402
 
 JOB_TIMEOUT = 60
 
@@ -345,15 +345,7 @@ def test_unreachable_launcher_address_is_reported(tmp_path, fake_ssh):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    try:
-        ensure_tools()
-        fake = NetnsCluster(tmp_path_factory.mktemp("cluster")).up()
-    except ClusterUnavailable as exc:
-        pytest.skip(f"no fake cluster on this machine: {exc}")
-    try:
-        yield fake
-    finally:
-        fake.down()
+    yield from cluster_or_skip(tmp_path_factory.mktemp("cluster"))
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 SSH_PORT = 2222
 SUBNET = "10.200.0"
@@ -290,6 +290,25 @@ class NetnsCluster:
     def ssh_flags(self) -> List[str]:
         """The horovodrun flags that reach the hosts."""
         return ["-p", str(SSH_PORT), "-i", str(self.key)]
+
+
+def cluster_or_skip(directory: Path, sshd_hosts: Sequence[str] = ()) -> Iterator[NetnsCluster]:
+    """The body of a test module's ``cluster`` fixture (``yield from`` it): a cluster up in ``directory``, with
+    sshd also started on ``sshd_hosts`` (hostC has none by default), torn down after; the test is skipped, with
+    the reason, where this machine cannot build one."""
+    import pytest
+
+    try:
+        ensure_tools()
+        fake = NetnsCluster(directory).up()
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no fake cluster on this machine: {exc}")
+    try:
+        for host in sshd_hosts:
+            fake.start_sshd(host)
+        yield fake
+    finally:
+        fake.down()
 
 
 def main(argv: Sequence[str]) -> int:
