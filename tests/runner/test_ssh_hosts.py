@@ -473,19 +473,11 @@ def test_a_host_dying_mid_job_ends_the_job_and_names_it(cluster, cluster_home, s
     # The survivors on hostA were stopped too: only its sshd listener is left there.
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        leftovers = [p for p in cluster.host_pids("hostA") if "python" in _cmdline(p)]
+        leftovers = cluster.host_pids_running("hostA", "python")
         if not leftovers:
             break
         time.sleep(0.1)
     assert not leftovers
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _have_mpi():

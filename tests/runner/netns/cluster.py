@@ -115,6 +115,14 @@ def _namespace_pids(ns: str) -> List[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _kill_namespace(ns: str) -> None:
     for pid in _namespace_pids(ns):
         try:
@@ -246,6 +254,10 @@ class NetnsCluster:
 
     def host_pids(self, name: str) -> List[int]:
         return _namespace_pids(self.hosts[name].ns)
+
+    def host_pids_running(self, name: str, text: str) -> List[int]:
+        """The pids on host ``name`` whose command line contains ``text`` (the ones that exited meanwhile left out)."""
+        return [pid for pid in self.host_pids(name) if text in _cmdline(pid)]
 
     def down(self) -> None:
         """Kill every process in the namespaces, delete them and their /etc/netns files (never raises)."""
