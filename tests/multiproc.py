@@ -399,6 +399,19 @@ def run_ranks(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dic
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
+def suite_runner(worker_env: Dict[str, str], timeout: float, **fixed: Any) -> Callable[..., List[Any]]:
+    """A test suite's ``run(fn, np, args=(), env=None, timeout=..., **kwargs)``: :func:`run_ranks` with the
+    suite's worker environment (a call's ``env`` is added on top), its default ``timeout``, and ``fixed`` keyword
+    arguments of every call (e.g. ``python=``)."""
+    default_timeout = timeout
+
+    def run(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dict[str, str]] = None,
+            timeout: float = default_timeout, **kwargs: Any) -> List[Any]:
+        return run_ranks(fn, np, args=args, env={**worker_env, **(env or {})}, timeout=timeout, **fixed, **kwargs)
+
+    return run
+
+
 def _exited(p: Any) -> bool:
     """Whether ``p`` ended, without reaping it: until reaped, its pid (its process group's id) stays reserved."""
     if p.returncode is not None:

@@ -93,31 +93,29 @@ def broadcast_leaves(arrays: Sequence[np.ndarray], root_rank: int, process_set: 
 
 
 # -- single collectives (the jit callbacks' bodies) --------------------------------------------------------------
+def _names(kind: str, name, count: int, process_set, grouped: bool) -> list:
+    """The engine names of one call: a member name per array when grouped, else the call's one name."""
+    if grouped:
+        return group_op_names(f"grouped_{kind}", name, count, process_set)[0]
+    return [op_name(kind, name, process_set)]
+
+
 @blocking
 def allreduce(arrays, op, prescale, postscale, process_set, name, grouped: bool):
-    if grouped:
-        names, _ = group_op_names("grouped_allreduce", name, len(arrays), process_set)
-    else:
-        names = [op_name("allreduce", name, process_set)]
+    names = _names("allreduce", name, len(arrays), process_set, grouped)
     return binding_ops.complete(binding_ops.allreduce(NUMPY, arrays, names, op, prescale, postscale,
                                                       _set_id(process_set), inplace=False, grouped=grouped))
 
 
 @blocking
 def allgather(arrays, process_set, name, grouped: bool):
-    if grouped:
-        names, _ = group_op_names("grouped_allgather", name, len(arrays), process_set)
-    else:
-        names = [op_name("allgather", name, process_set)]
+    names = _names("allgather", name, len(arrays), process_set, grouped)
     return binding_ops.complete(binding_ops.allgather(NUMPY, arrays, names, _set_id(process_set), grouped))
 
 
 @blocking
 def reducescatter(arrays, op, prescale, postscale, process_set, name, grouped: bool):
-    if grouped:
-        names, _ = group_op_names("grouped_reducescatter", name, len(arrays), process_set)
-    else:
-        names = [op_name("reducescatter", name, process_set)]
+    names = _names("reducescatter", name, len(arrays), process_set, grouped)
     return binding_ops.complete(binding_ops.reducescatter(NUMPY, arrays, names, op, prescale, postscale,
                                                           _set_id(process_set), grouped))
 

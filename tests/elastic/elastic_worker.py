@@ -12,7 +12,8 @@ state.  Every worker appends JSON lines to ``ELASTIC_TEST_LOG``:
 - ``crash``  (pid, error): the worker is exiting with an unexpected exception.
 
 Training stops once ``ELASTIC_TEST_STOP`` exists (rank 0 decides and tells the others) and at least
-``ELASTIC_TEST_MIN_STEPS`` steps were made.  ``ELASTIC_TEST_FAULTS`` is a JSON list of
+``ELASTIC_TEST_MIN_STEPS`` steps were made (job_worker.py: the settings, the log and the gradient every
+worker script of ElasticJob shares).  ``ELASTIC_TEST_FAULTS`` is a JSON list of
 ``{"id": worker id, "step": s}``: that worker raises once when it reaches step ``s`` (before committing it).
 """
 from __future__ import annotations
@@ -27,27 +28,9 @@ import numpy as np
 import horovod.numpy as hvd
 from horovod.common import basics
 from horovod.common.elastic import ObjectState, default_reset, run_fn
+from job_worker import LR, STOP, WID, STEP_DELAY, crashes_logged, grad, log, stop_requested
 
-LR = 0.5
-LOG = os.environ["ELASTIC_TEST_LOG"]
-STOP = os.environ["ELASTIC_TEST_STOP"]
-MIN_STEPS = int(os.environ.get("ELASTIC_TEST_MIN_STEPS", "0"))
-STEP_DELAY = float(os.environ.get("ELASTIC_TEST_STEP_DELAY", "0.05"))
 FAULTS = json.loads(os.environ.get("ELASTIC_TEST_FAULTS", "[]"))
-WID = os.environ["HOROVOD_ELASTIC_WORKER_ID"]
-
-
-def grad(step: int, rank: int) -> np.ndarray:
-    return np.array([step % 5 + rank, 1.0, (step * rank) % 3, rank], dtype=np.float64)
-
-
-def log(**event) -> None:
-    event["id"] = WID
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(event) + "\n").encode())   # one write: lines of different workers never mix
-    finally:
-        os.close(fd)
 
 
 def maybe_fail(step: int) -> None:
@@ -63,11 +46,8 @@ def epoch() -> int:
     return basics.runtime().epoch.epoch
 
 
-try:
+with crashes_logged():   # a worker failing before it trained: say why
     hvd.init()
-except BaseException as exc:
-    log(ev="crash", pid=os.getpid(), error=repr(exc))   # a worker failing before it trained: say why
-    raise
 log(ev="start", pid=os.getpid(), uname=socket.gethostname())
 # Through the launcher's output, under the prefix it gave this process (the tests check prefixes are unique).
 print(f"worker {os.environ.get('HOROVOD_ELASTIC_WORKER_ID')} pid {os.getpid()}", flush=True)
@@ -77,7 +57,7 @@ state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, w=np.zeros(4), histo
 def train(state: ObjectState) -> None:
     log(ev="join", epoch=epoch(), rank=hvd.rank(), size=hvd.size(), step=state.step)
     while True:
-        stop = hvd.rank() == 0 and state.step >= MIN_STEPS and os.path.exists(STOP)
+        stop = stop_requested(hvd.rank(), state.step)
         if hvd.broadcast(np.array([int(stop)]), root_rank=0, name="stop")[0]:
             return
         total = hvd.allreduce(grad(state.step, hvd.rank()), op=hvd.Sum, name="grad")
@@ -92,12 +72,8 @@ def train(state: ObjectState) -> None:
         time.sleep(STEP_DELAY)
 
 
-try:
+with crashes_logged(expected="injected failure"):
     run_fn(train, default_reset)(state)
-except BaseException as exc:
-    if not isinstance(exc, SystemExit) and "injected failure" not in str(exc):
-        log(ev="crash", pid=os.getpid(), error=repr(exc))
-    raise
 every = hvd.allgather(state.w[None, :], name="final-w")   # the model as every rank holds it
 if hvd.rank() == 0:
     log(ev="done", w=state.w.tolist(), history=state.history, step=state.step,

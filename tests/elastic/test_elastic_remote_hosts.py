@@ -17,23 +17,15 @@ import pytest
 from elastic_helpers import check_training, joined
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runner" / "netns"))
-from cluster import ClusterUnavailable, NetnsCluster, ensure_tools  # noqa: E402
+from cluster import cluster_or_skip  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    try:
-        ensure_tools()
-        fake = NetnsCluster(tmp_path_factory.mktemp("cluster")).up()
-    except ClusterUnavailable as exc:
-        pytest.skip(f"no fake cluster on this machine: {exc}")
-    try:
-        fake.start_sshd("hostC")   # the fixture's hostC has no sshd by default; here it is the host added later
-        yield fake
-    finally:
-        fake.down()
+    # hostC has no sshd by default; here it is the host added later.
+    yield from cluster_or_skip(tmp_path_factory.mktemp("cluster"), sshd_hosts=["hostC"])
 
 
 @pytest.fixture
@@ -83,7 +75,7 @@ def test_grow_lose_and_shrink_across_hosts_over_ssh(remote_job, cluster):
     assert "blacklisting host hostA" in err, err[-3000:]
     assert "stopping worker hostB:0" in err, err[-3000:]
     # The worker stopped on hostB is gone from that host too (ssh carried the stop over).
-    leftovers = [p for p in cluster.host_pids("hostB") if "elastic_worker" in _cmdline(p)]
+    leftovers = cluster.host_pids_running("hostB", "elastic_worker")
     assert not leftovers, f"workers left running on hostB: {leftovers}"
 
 
@@ -109,11 +101,3 @@ def test_a_host_that_cannot_be_reached_is_left_out_and_the_job_runs_on(remote_jo
     assert "leaving out host hostZ" in job.stderr(), job.diagnose()
     assert job.finish() == 0, job.diagnose()
     check_training(job.events(), sizes=[1], resets=0)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""

@@ -15,7 +15,6 @@ Training loops over data epochs until ``ELASTIC_TEST_STOP`` exists (rank 0 decid
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -24,21 +23,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import horovod.torch as hvd
 from horovod.common import basics
+from job_worker import STEP_DELAY, STOP, log
 
-LOG = os.environ["ELASTIC_TEST_LOG"]
-STOP = os.environ["ELASTIC_TEST_STOP"]
-STEP_DELAY = float(os.environ.get("ELASTIC_TEST_STEP_DELAY", "0.02"))
-WID = os.environ["HOROVOD_ELASTIC_WORKER_ID"]
 SAMPLES, BATCH = 48, 4
-
-
-def log(**event) -> None:
-    event["id"] = WID
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(event) + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 torch.set_num_threads(1)

@@ -1,8 +1,9 @@
 """Elastic JAX job driven by test_jax_elastic.py (run by ``horovodrun`` as a worker): JaxState + a jitted step.
 
 It trains the toy model of ``tests/elastic/elastic_worker.py`` and writes the same log (``start``, ``join``,
-``commit``, ``done``, ``crash`` JSON lines in ``ELASTIC_TEST_LOG``), so ``elastic_helpers.check_training`` can
-recompute the final model bit for bit from the committed (step, size) history.  What is JAX here:
+``commit``, ``done``, ``crash`` JSON lines in ``ELASTIC_TEST_LOG``, through the shared ``job_worker.py``), so
+``elastic_helpers.check_training`` can recompute the final model bit for bit from the committed (step, size)
+history.  What is JAX here:
 
 - the model ``w`` (float64) lives in ``JaxState.params``; ``step`` and ``history`` are plain values;
 - the gradients of all ranks are gathered inside ``jax.jit`` (``hvd.allgather`` as an ordered host callback):
@@ -13,9 +14,10 @@ recompute the final model bit for bit from the committed (step, size) history.  
 """
 from __future__ import annotations
 
-import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import jax
 
@@ -27,25 +29,9 @@ import numpy as np  # noqa: E402
 import horovod.jax as hvd  # noqa: E402
 from horovod.common import basics  # noqa: E402
 
-LR = 0.5
-LOG = os.environ["ELASTIC_TEST_LOG"]
-STOP = os.environ["ELASTIC_TEST_STOP"]
-MIN_STEPS = int(os.environ.get("ELASTIC_TEST_MIN_STEPS", "0"))
-STEP_DELAY = float(os.environ.get("ELASTIC_TEST_STEP_DELAY", "0.05"))
-WID = os.environ["HOROVOD_ELASTIC_WORKER_ID"]
-
-
-def log(**event) -> None:
-    event["id"] = WID
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(event) + "\n").encode())   # one write: lines of different workers never mix
-    finally:
-        os.close(fd)
-
-
-def grad(step: int, rank: int) -> np.ndarray:
-    return np.array([step % 5 + rank, 1.0, (step * rank) % 3, rank], dtype=np.float64)
+# The worker side every ElasticJob script shares (this script runs from tests/jax, not next to it).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "elastic"))
+from job_worker import LR, STEP_DELAY, crashes_logged, grad, log, stop_requested  # noqa: E402
 
 
 @jax.jit
@@ -53,11 +39,8 @@ def gathered_sum(g):
     return hvd.allgather(g[None, :]).sum(axis=0)   # small integers: exact in any summation order
 
 
-try:
+with crashes_logged():
     hvd.init()
-except BaseException as exc:
-    log(ev="crash", pid=os.getpid(), error=repr(exc))
-    raise
 log(ev="start", pid=os.getpid())
 # Every rank starts from a different model on purpose (rank 0's is the zeros the replay starts from): the first
 # sync must make them equal.
@@ -69,8 +52,7 @@ def train(state) -> None:
     log(ev="join", epoch=basics.runtime().epoch.epoch, rank=hvd.rank(), size=hvd.size(), step=state.step,
         w=np.asarray(state.params["w"]).tolist())
     while True:
-        stop = hvd.rank() == 0 and state.step >= MIN_STEPS and os.path.exists(STOP)
-        if hvd.broadcast_object(stop, root_rank=0, name="stop"):
+        if hvd.broadcast_object(stop_requested(hvd.rank(), state.step), root_rank=0, name="stop"):
             return
         total = np.asarray(gathered_sum(jnp.asarray(grad(state.step, hvd.rank()))))
         state.params = {"w": jnp.asarray(np.asarray(state.params["w"]) - LR * (total / hvd.size()))}
@@ -81,11 +63,7 @@ def train(state) -> None:
         time.sleep(STEP_DELAY)
 
 
-try:
+with crashes_logged():
     train(state)
-except BaseException as exc:
-    if not isinstance(exc, SystemExit):
-        log(ev="crash", pid=os.getpid(), error=repr(exc))
-    raise
 if hvd.rank() == 0:
     log(ev="done", w=np.asarray(state.params["w"]).tolist(), history=state.history, step=state.step)

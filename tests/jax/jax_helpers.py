@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -23,7 +23,7 @@ REPO = os.path.dirname(TESTS_DIR)
 if TESTS_DIR not in sys.path:
     sys.path.append(TESTS_DIR)
 
-from multiproc import run_ranks  # noqa: E402  (tests/ is not a package)
+from multiproc import suite_runner  # noqa: E402  (tests/ is not a package)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -45,12 +45,8 @@ def require_jax():
     return jax
 
 
-def run(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dict[str, str]] = None,
-        timeout: float = 180.0, **kwargs) -> List[Any]:
-    """``run_ranks`` with the suite's worker environment."""
-    merged = dict(WORKER_ENV)
-    merged.update(env or {})
-    return run_ranks(fn, np, args=args, env=merged, timeout=timeout, **kwargs)
+#: ``run_ranks`` with the suite's worker environment (JAX's imports and first traces want the longer timeout).
+run = suite_runner(WORKER_ENV, timeout=180.0)
 
 
 def seed_of(*parts: Any) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Optional
 
 import cloudpickle
 
@@ -19,7 +19,7 @@ REPO = os.path.dirname(TESTS_DIR)
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-from multiproc import run_ranks  # noqa: E402  (tests/ is not a package)
+from multiproc import suite_runner  # noqa: E402  (tests/ is not a package)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -47,9 +47,5 @@ def mxnet_unavailable() -> Optional[str]:
     return None
 
 
-def run(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dict[str, str]] = None,
-        timeout: float = 120.0, **kwargs) -> List[Any]:
-    """``run_ranks`` in this interpreter (the MXNet venv) with the suite's worker environment."""
-    merged = dict(WORKER_ENV)
-    merged.update(env or {})
-    return run_ranks(fn, np, args=args, env=merged, timeout=timeout, python=sys.executable, **kwargs)
+#: ``run_ranks`` in this interpreter (the MXNet venv) with the suite's worker environment.
+run = suite_runner(WORKER_ENV, timeout=120.0, python=sys.executable)

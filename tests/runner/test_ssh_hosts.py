@@ -35,7 +35,7 @@ from horovod.runner.mpi_job import spans_several_hosts
 from runner_helpers import REPO, child_env, launcher_argv
 
 sys.path.insert(0, str(Path(__file__).parent / "netns"))
-from cluster import ClusterUnavailable, NetnsCluster, ensure_tools  # noqa: E402
+from cluster import cluster_or_skip  # noqa: E402
 
 JOB_TIMEOUT = 60
 
@@ -345,15 +345,7 @@ def test_unreachable_launcher_address_is_reported(tmp_path, fake_ssh):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    try:
-        ensure_tools()
-        fake = NetnsCluster(tmp_path_factory.mktemp("cluster")).up()
-    except ClusterUnavailable as exc:
-        pytest.skip(f"no fake cluster on this machine: {exc}")
-    try:
-        yield fake
-    finally:
-        fake.down()
+    yield from cluster_or_skip(tmp_path_factory.mktemp("cluster"))
 
 
 @pytest.fixture(scope="module")
@@ -481,19 +473,11 @@ def test_a_host_dying_mid_job_ends_the_job_and_names_it(cluster, cluster_home, s
     # The survivors on hostA were stopped too: only its sshd listener is left there.
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        leftovers = [p for p in cluster.host_pids("hostA") if "python" in _cmdline(p)]
+        leftovers = cluster.host_pids_running("hostA", "python")
         if not leftovers:
             break
         time.sleep(0.1)
     assert not leftovers
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _have_mpi():

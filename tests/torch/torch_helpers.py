@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict
 
 import cloudpickle
 
@@ -21,7 +21,7 @@ TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-from multiproc import run_ranks  # noqa: E402  (tests/ is not a package)
+from multiproc import suite_runner  # noqa: E402  (tests/ is not a package)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -30,12 +30,8 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SIZES = (1, 2, 3, 4)
 
 
-def run(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dict[str, str]] = None,
-        timeout: float = 120.0, **kwargs) -> List[Any]:
-    """``run_ranks`` with the suite's worker environment."""
-    merged = dict(WORKER_ENV)
-    merged.update(env or {})
-    return run_ranks(fn, np, args=args, env=merged, timeout=timeout, **kwargs)
+#: ``run_ranks`` with the suite's worker environment.
+run = suite_runner(WORKER_ENV, timeout=120.0)
 
 
 def seed_of(*parts: Any) -> int:

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 SSH_PORT = 2222
 SUBNET = "10.200.0"
@@ -113,6 +113,14 @@ def _namespace_pids(ns: str) -> List[int]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _kill_namespace(ns: str) -> None:
@@ -247,6 +255,10 @@ class NetnsCluster:
     def host_pids(self, name: str) -> List[int]:
         return _namespace_pids(self.hosts[name].ns)
 
+    def host_pids_running(self, name: str, text: str) -> List[int]:
+        """The pids on host ``name`` whose command line contains ``text`` (the ones that exited meanwhile left out)."""
+        return [pid for pid in self.host_pids(name) if text in _cmdline(pid)]
+
     def down(self) -> None:
         """Kill every process in the namespaces, delete them and their /etc/netns files (never raises)."""
         for host in self.hosts.values():
@@ -290,6 +302,25 @@ class NetnsCluster:
     def ssh_flags(self) -> List[str]:
         """The horovodrun flags that reach the hosts."""
         return ["-p", str(SSH_PORT), "-i", str(self.key)]
+
+
+def cluster_or_skip(directory: Path, sshd_hosts: Sequence[str] = ()) -> Iterator[NetnsCluster]:
+    """The body of a test module's ``cluster`` fixture (``yield from`` it): a cluster up in ``directory``, with
+    sshd also started on ``sshd_hosts`` (hostC has none by default), torn down after; the test is skipped, with
+    the reason, where this machine cannot build one."""
+    import pytest
+
+    try:
+        ensure_tools()
+        fake = NetnsCluster(directory).up()
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no fake cluster on this machine: {exc}")
+    try:
+        for host in sshd_hosts:
+            fake.start_sshd(host)
+        yield fake
+    finally:
+        fake.down()
 
 
 def main(argv: Sequence[str]) -> int:
