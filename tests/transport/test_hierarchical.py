@@ -33,6 +33,8 @@ def _engine_job():
     chk.equal(hvd.allreduce(inputs[rank], op=hvd.Average, name="avg"), want, "Average through the engine")
     got = hvd.allgather(np.full((rank + 1, 2), rank), name="ag")
     chk.equal(got, np.concatenate([np.full((r + 1, 2), r) for r in range(size)]), "ragged allgather")
+    grouped = hvd.grouped_allgather([np.full((2,), rank), np.full((rank + 1, 2), rank * 1.5)], name="gag")
+    chk.equal(grouped[1], np.concatenate([np.full((r + 1, 2), r * 1.5) for r in range(size)]), "grouped allgather")
     return world.name, hvd.local_size(), world.enabled, world.allgather_enabled, chk.report()
 
 

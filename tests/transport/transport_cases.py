@@ -142,19 +142,18 @@ def allreduce(x: Ctx) -> None:
 
 def allreduce_finish(x: Ctx) -> None:
     """Average's path: a finish (postscale, then the division) applied while the result is written gives the same
-    bits as finishing the whole reduced buffer afterwards, in place and into a new buffer."""
+    bits as finishing the whole reduced buffer afterwards, into a new buffer and in place."""
     from horovod.engine import ops
 
     for dtype in (d for d in x.v.dtypes if d in ("float32", "float64", "float16", "int32", "int64")):
-        for n, post in itertools.product(x.v.sizes_of(dtype), (1.0, 0.5)):
-            key, what = ("finish",), f"allreduce_into + finish(postscale={post}) {dtype} n={n}"
+        for n, (post, in_place) in itertools.product(x.v.sizes_of(dtype), ((1.0, False), (1.0, True), (0.5, False))):
+            what = f"allreduce_into + finish(postscale={post}){' in place' if in_place else ''} {dtype} n={n}"
             finish = ops.Finish(post, x.size)
-            want = fold([data(key, q, n, dtype) for q in range(x.size)], "sum")
+            want = fold([data(("finish",), q, n, dtype) for q in range(x.size)], "sum")
             finish(want)
-            out = np.empty(n, dtype)
-            x.expect(what, x.t.allreduce_into, (data(key, x.rank, n, dtype), out, "sum", finish), out, want)
-            buf = data(key, x.rank, n, dtype).copy()
-            x.expect(f"{what} in place", x.t.allreduce_into, (buf, buf, "sum", finish), buf, want)
+            mine = data(("finish",), x.rank, n, dtype)
+            out = mine.copy() if in_place else np.empty(n, dtype)
+            x.expect(what, x.t.allreduce_into, (out if in_place else mine, out, "sum", finish), out, want)
 
 
 def allreduce_rounding(x: Ctx) -> None:
