@@ -132,12 +132,12 @@ class Ctx:
 # -- the cases ---------------------------------------------------------------------------------------------------
 
 def allreduce(x: Ctx) -> None:
-    """Every op x dtype x size in place; sums also into a new buffer."""
-    for dtype, op in itertools.product(x.v.dtypes, x.v.ops):
+    """Every op x dtype (ops at one size, see ``Variant.ops_at``) x size in place; sums also into a new buffer."""
+    for dtype in x.v.dtypes:
         for n in x.v.sizes_of(dtype):
-            x.check_allreduce(("allreduce", op), n, dtype, op)
-            if op == "sum":
-                x.check_allreduce(("allreduce", op), n, dtype, op, into=True)
+            for op in x.v.ops_at(n):
+                x.check_allreduce(("allreduce", op), n, dtype, op)
+            x.check_allreduce(("allreduce", "sum"), n, dtype, "sum", into=True)
 
 
 def allreduce_finish(x: Ctx) -> None:
@@ -213,11 +213,14 @@ def alltoallv(x: Ctx) -> None:
 
 
 def reducescatter(x: Ctx) -> None:
-    """Every op x dtype x size in even blocks; ragged blocks (one rank only, some empty) with sum."""
-    for dtype, op in itertools.product(x.v.dtypes, x.v.ops):
+    """Every op x dtype (ops at one size, see ``Variant.ops_at``) x size in even blocks; ragged blocks (one rank
+    only, some empty) with sum."""
+    for dtype in x.v.dtypes:
         for n in x.v.sizes_of(dtype):
-            for counts in [even_split(n, x.size)] + (ragged_counts(n, x.size)[1:] if op == "sum" else []):
-                x.check_reducescatter(("reducescatter", op, n), counts, dtype, op)
+            for op in x.v.ops_at(n):
+                x.check_reducescatter(("reducescatter", op, n), even_split(n, x.size), dtype, op)
+            for counts in ragged_counts(n, x.size)[1:]:
+                x.check_reducescatter(("reducescatter", "sum", n), counts, dtype, "sum")
 
 
 def sendrecv(x: Ctx) -> None:

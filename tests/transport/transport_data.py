@@ -137,6 +137,11 @@ class Variant:
         big = [self.big_bytes // np.dtype(dtype).itemsize + 13] if self.big_bytes else []
         return list(self.sizes) + big
 
+    def ops_at(self, n: int) -> Tuple[str, ...]:
+        """Every op at the largest of ``sizes`` (past the switch points of the tiny variants), sum elsewhere: an
+        op changes the reduction's ufunc (and mpi's plan), not the path the bytes take."""
+        return self.ops if self.sizes and n == max(self.sizes) else ("sum",)
+
 
 def _halves(size: int) -> List[str]:
     first = (size + 1) // 2   # 2 + 2, 2 + 1 (uneven: the hosts' leaders reduce), 1 + 1 (flat)
