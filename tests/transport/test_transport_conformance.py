@@ -1,10 +1,11 @@
 """Transport conformance: every collective of every transport against numpy, at np = 1 to 4.
 
-Each case (``transport_cases.CASES``: a collective over every op, dtype, size and option variant of the
-transport) is a test of its own, parametrised over (transport, np): ``test_allreduce[shm-np3]``, so
-``-k allreduce`` or ``-k "tcp and np4"`` selects what to run.  Starting ranks is what costs time, so the first
-test of a (transport, np) runs one job with every case selected for it, on every variant of the transport's
-options (``transport_data.VARIANTS``), and the other tests read their case's reports from it.
+Each case (``transport_cases.CASES``: a collective over every op x dtype, sizes on both sides of each switch point,
+and every option variant of the transport) is a test of its own, parametrised over (transport, np):
+``test_allreduce[shm-np3]``, so ``-k allreduce`` or ``-k "tcp and np4"`` selects what to run.  Starting ranks is
+what costs time, so the first test of a (transport, np) runs one job with every case selected for it, on every
+variant of the transport's options (``transport_data.VARIANTS``), and the other tests read their case's reports
+from it.
 
 How the ranks start: tcp and shm fork from the test process (fast); mpi runs under ``mpirun``; hierarchical runs in
 fresh interpreters (nothing may rely on fork) and fakes its hosts by the host name each rank gives the transport.
