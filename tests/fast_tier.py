@@ -7,11 +7,17 @@ installed (a framework missing) is skipped there as everywhere else.
 """
 
 FAST_TIER = (
-    # transport: the pure algorithms, one real collective battery over TCP and one over shared memory
+    # transport: the typed options, and the transport suite's collectives over TCP (np = 2, one job) and shared
+    # memory (np = 3, one job)
     "tests/transport/test_tcp.py::test_transport_options_are_typed_and_refuse_unknown_names",
-    "tests/transport/test_tcp.py::test_collectives_all_paths[2]",
-    "tests/transport/test_shm.py::test_collectives_match_numpy[allreduce-2]",
-    "tests/transport/test_shm.py::test_subgroups[3]",
+    "tests/transport/test_transport_conformance.py::test_allreduce[tcp-np2]",
+    "tests/transport/test_transport_conformance.py::test_allreduce_finish[tcp-np2]",
+    "tests/transport/test_transport_conformance.py::test_allgatherv[tcp-np2]",
+    "tests/transport/test_transport_conformance.py::test_broadcast[tcp-np2]",
+    "tests/transport/test_transport_conformance.py::test_alltoallv[tcp-np2]",
+    "tests/transport/test_transport_conformance.py::test_reducescatter[tcp-np2]",
+    "tests/transport/test_transport_conformance.py::test_allreduce[shm-np3]",
+    "tests/transport/test_transport_conformance.py::test_subgroups[shm-np3]",
     # engine: its unit tests (negotiation, fusion, cache, config) and one init/shutdown cycle over real ranks
     "tests/engine/test_engine_units.py",
     "tests/engine/test_engine_lifecycle.py::test_shutdown_then_init_with_other_process_sets",

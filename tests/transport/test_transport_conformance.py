@@ -1,0 +1,126 @@
+"""Transport conformance: every collective of every transport against numpy, at np = 1 to 4.
+
+Each case (``transport_cases.CASES``: a collective over every op x dtype, sizes on both sides of each switch point,
+and every option variant of the transport) is a test of its own, parametrised over (transport, np):
+``test_allreduce[shm-np3]``, so ``-k allreduce`` or ``-k "tcp and np4"`` selects what to run.  Starting ranks is
+what costs time, so the first test of a (transport, np) runs one job with every case selected for it, on every
+variant of the transport's options (``transport_data.VARIANTS``), and the other tests read their case's reports
+from it.
+
+How the ranks start: tcp and shm fork from the test process (fast); mpi runs under ``mpirun``; hierarchical runs in
+fresh interpreters (nothing may rely on fork) and fakes its hosts by the host name each rank gives the transport.
+What only one transport has (failure detection, segment cleanup, authentication, MPI's setup) is tested in that
+transport's own file (test_tcp.py, test_shm.py, test_mpi.py, test_hierarchical.py).
+"""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+
+from checks import assert_no_failures
+from multiproc import run_ranks
+from transport_cases import CASES, transport_job
+
+LAUNCHER = {"tcp": "fork", "shm": "fork", "mpi": "mpirun", "hierarchical": "subprocess"}
+COMBOS: List[Tuple[str, int]] = [(t, n) for t in LAUNCHER for n in (1, 2, 3, 4)]
+JOB_TIMEOUT = 300.0
+# One thread per rank: numpy's BLAS pool is not used by the transports, and 4 ranks share 2 cores here.
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+# Transport bugs found by this suite, for the lead to fix: (case, transport) -> (why, the world sizes it shows at).
+# Strict: once fixed, the test passes and says so.
+KNOWN_BUGS: Dict[Tuple[str, str], Tuple[str, Tuple[int, ...]]] = {
+    ("float16_overflow", "tcp"): ("tcp reduces float16 with a bare np.add: an overflow to inf (the defined result) "
+                                  "warns 'RuntimeWarning: overflow encountered in add' to the user; shm and mpi do not",
+                                  (2, 3, 4)),
+    ("unsupported_op", "tcp"): ("tcp checks the op only when it reduces, after data moved: 'average' raises KeyError "
+                                "(not a ValueError naming the supported ops) on some ranks while others wait for them, "
+                                "until the timeout; at np=1 it is not refused at all", (1, 2, 3, 4)),
+    # at np=2 the two fake hosts hold one rank each, so hierarchical allreduces over the flat tcp mesh
+    ("float16_overflow", "hierarchical"): ("its flat path is tcp's: see float16_overflow on tcp", (2,)),
+    ("unsupported_op", "hierarchical"): ("its flat path is tcp's: see unsupported_op on tcp", (2,)),
+    ("argument_errors", "hierarchical"): ("with HOROVOD_HIERARCHICAL_ALLGATHER, allgatherv checks the output size only "
+                                          "in its later steps, on some ranks: a too short buffer raises ValueError on "
+                                          "some ranks while the others go on, and the next allreduce returns wrong "
+                                          "sums (2 instead of 3) without an error", (3, 4)),
+}
+
+_jobs: Dict[Tuple[str, int], object] = {}   # combo -> per-rank reports, or the exception the job raised
+
+
+def _skip_reason(transport: str) -> Optional[str]:
+    if transport == "mpi":
+        if shutil.which("mpirun") is None:
+            return "mpirun is not on PATH (install Open MPI)"
+        if importlib.util.find_spec("mpi4py") is None:
+            return "mpi4py is not installed (pip install mpi4py)"
+    if transport in ("shm", "hierarchical"):
+        from horovod.transport.shm import _MEMORY_ORDER_OK
+
+        if not _MEMORY_ORDER_OK:
+            return "the shm transport needs an x86 (TSO) CPU"
+    return None
+
+
+def _combo_id(combo: Tuple[str, int]) -> str:
+    return f"{combo[0]}-np{combo[1]}"
+
+
+def _selected_cases(session, combo) -> List[str]:
+    """The cases of ``combo`` this pytest run selected, in catalogue order (the order they run in)."""
+    wanted = set()
+    for item in session.items:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and spec.params.get("combo") == combo and item.originalname.startswith("test_"):
+            wanted.add(item.originalname[len("test_"):])
+    return [name for name in CASES if name in wanted]
+
+
+def _reports(request, combo, case: str) -> List[dict]:
+    if combo not in _jobs:
+        transport, np_ = combo
+        names = _selected_cases(request.session, combo) or [case]
+        try:
+            _jobs[combo] = run_ranks(transport_job, np_, args=(transport, names), env=WORKER_ENV,
+                                     launcher=LAUNCHER[transport], linger=LAUNCHER[transport] != "mpirun",
+                                     timeout=JOB_TIMEOUT)
+        except BaseException as exc:  # noqa: BLE001  (every test of the combination reports the job's failure)
+            _jobs[combo] = exc
+    result = _jobs[combo]
+    if isinstance(result, BaseException):
+        raise AssertionError(f"the {_combo_id(combo)} job failed, so {case} could not be checked") from result
+    missing = [r for r in result if case not in r]
+    assert not missing, f"the {_combo_id(combo)} job did not run {case} (it ran {sorted(result[0])})"
+    return [r[case] for r in result]
+
+
+def _params(case: str) -> list:
+    def marks(combo):
+        why, sizes = KNOWN_BUGS.get((case, combo[0]), ("", ()))
+        return [pytest.mark.xfail(reason=why, strict=True)] if combo[1] in sizes else []
+
+    return [pytest.param(combo, id=_combo_id(combo), marks=marks(combo)) for combo in COMBOS]
+
+
+def _make_test(case: str):
+    @pytest.mark.parametrize("combo", _params(case))
+    def test(combo, request):
+        reason = _skip_reason(combo[0])
+        if reason:
+            pytest.skip(reason)
+        reports = _reports(request, combo, case)
+        assert_no_failures(reports)
+        # Results that must be bitwise identical everywhere (non-integer sums) travel back as digests.
+        differ = [what for what, d in reports[0]["agree"].items() if any(r["agree"].get(what) != d for r in reports)]
+        assert not differ, f"ranks disagree bit for bit on: {differ[:10]}"
+
+    test.__name__ = test.__qualname__ = f"test_{case}"
+    test.__doc__ = (CASES[case].__doc__ or "").split("\n")[0] + " (against numpy, on every option variant)"
+    return test
+
+
+for _case in CASES:
+    globals()[f"test_{_case}"] = _make_test(_case)
