@@ -22,6 +22,21 @@ SUM, MIN, MAX, PRODUCT = "sum", "min", "max", "product"
 _UFUNCS = {SUM: np.add, MIN: np.minimum, MAX: np.maximum, PRODUCT: np.multiply}
 
 
+def check_op(op: str, who: str) -> None:
+    """Refuse a reduce op no transport implements, on every rank alike and before anything is sent."""
+    if op not in _UFUNCS:
+        raise ValueError(f"{who}: unsupported reduce op {op!r}; expected one of sum, min, max, product "
+                         f"(Average and scaling are the engine's)")
+
+
+def check_gather(send: np.ndarray, recv: np.ndarray, total: int, mine: int, rank: int) -> None:
+    """Refuse allgatherv buffers that cannot hold the result, on every rank alike and before anything is sent."""
+    if recv.size < total or send.size < mine or recv.dtype != send.dtype:
+        raise ValueError(f"allgatherv: recv must hold sum(counts) = {total} elements of {send.dtype} and send at "
+                         f"least counts[{rank}] = {mine}; got recv {recv.size} x {recv.dtype}, "
+                         f"send {send.size} x {send.dtype}")
+
+
 def reduce_into(dst: np.ndarray, src: np.ndarray, op: str) -> None:
     """``dst = dst (op) src`` elementwise, in place (bool: sum/max are OR, min/product are AND)."""
     if dst.dtype == np.bool_:

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from horovod.transport.base import SUM, Bootstrap, Finish, Transport, register
+from horovod.transport.base import SUM, Bootstrap, Finish, Transport, check_gather, register
 from horovod.transport.shm import create_shm
 from horovod.transport.tcp import create_tcp
 
@@ -105,6 +105,7 @@ class HierarchicalTransport(Transport):
             return
         counts = list(counts)
         total = sum(counts)
+        check_gather(send, recv, total, counts[self.rank], self.rank)
         # Gathered host by host; when hosts do not hold contiguous rank ranges, reordered by rank at the end.
         gathered = recv[:total] if self.host_major else self._share(total, recv.dtype)
         host_totals = [sum(counts[r] for r in g) for g in self.groups]

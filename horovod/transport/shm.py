@@ -44,7 +44,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, Finish, TransportError, register
+from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, Finish, TransportError, check_op, register
 from horovod.transport.shm_group import ShmGroup
 from horovod.transport.shm_lane import ShmLane
 from horovod.transport.shm_rounds import ShmRoundBoard
@@ -59,10 +59,8 @@ _BOOL_UFUNCS = {SUM: np.logical_or, MAX: np.logical_or, MIN: np.logical_and, PRO
 
 def _binary(dtype: np.dtype, op: str):
     """The elementwise ufunc of ``op`` (bool: sum/max are OR, min/product are AND, as in ``reduce_into``)."""
-    f = (_BOOL_UFUNCS if dtype == np.bool_ else _UFUNCS).get(op)
-    if f is None:
-        raise ValueError(f"shm transport: unsupported reduce op {op!r}; expected one of sum, min, max, product")
-    return f
+    check_op(op, "shm transport")
+    return (_BOOL_UFUNCS if dtype == np.bool_ else _UFUNCS)[op]
 
 
 def _combine(f, out: np.ndarray, srcs: Sequence[np.ndarray]) -> None:

@@ -34,7 +34,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from horovod.transport import algorithms as alg
-from horovod.transport.base import SUM, Bootstrap, Finish, Transport, TransportError, reduce_into, register
+from horovod.transport.base import (SUM, Bootstrap, Finish, Transport, TransportError, check_gather, check_op,
+                                    reduce_into, register)
 from horovod.transport.tcp_connect import connect_world
 from horovod.transport.tcp_mesh import Mesh, Plan, as_bytes
 
@@ -100,14 +101,16 @@ class TcpTransport(Transport):
         self._allreduce(dst, op, finish)
 
     def _allreduce(self, buf: np.ndarray, op: str, finish: Optional[Finish]) -> None:
+        check_op(op, "tcp transport")
         self._start()
-        if self.size == 1 or buf.size == 0 or buf.nbytes < self._mesh.small or buf.size < self.size:
-            if self.size > 1 and buf.size:
-                self._allreduce_doubling(buf, op)
-            if finish is not None:
-                finish(buf)   # small: still in cache
-        else:
-            self._allreduce_ring(buf, op, finish)
+        with np.errstate(all="ignore"):   # inf / nan / wrap-around are defined results (loss scaling), not errors
+            if self.size == 1 or buf.size == 0 or buf.nbytes < self._mesh.small or buf.size < self.size:
+                if self.size > 1 and buf.size:
+                    self._allreduce_doubling(buf, op)
+                if finish is not None:
+                    finish(buf)   # small: still in cache
+            else:
+                self._allreduce_ring(buf, op, finish)
 
     def _allreduce_doubling(self, buf: np.ndarray, op: str) -> None:
         fold = alg.Fold(self.rank, self.size)
@@ -170,10 +173,7 @@ class TcpTransport(Transport):
         offs = alg.offsets(counts)
         total = offs[-1] + counts[-1]
         r = self.rank
-        if recv.size < total or send.size < counts[r] or recv.dtype != send.dtype:
-            raise ValueError(f"allgatherv: recv must hold sum(counts) = {total} elements of {send.dtype} and send "
-                             f"at least counts[{r}] = {counts[r]}; got recv {recv.size} x {recv.dtype}, "
-                             f"send {send.size} x {send.dtype}")
+        check_gather(send, recv, total, counts[r], r)
         plan = self._start()
         recv[offs[r]:offs[r] + counts[r]] = send[:counts[r]]
         if self.size == 1:
@@ -275,6 +275,7 @@ class TcpTransport(Transport):
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = SUM) -> None:
         """Ring reduce-scatter: rank r ends with block r of the reduction in ``recv[:counts[r]]``."""
+        check_op(op, "tcp transport")
         counts = [int(c) for c in counts]
         self._check_counts(counts, "counts")
         offs = alg.offsets(counts)
@@ -315,7 +316,8 @@ class TcpTransport(Transport):
                     dst, dview = work[o:o + ln], wdata[o * it:(o + ln) * it]
                 cur.append(lc.recv(dview, (dst, send[o:o + ln])))
             prev = cur
-        self._run(plan, f"reducescatter of {total * it} bytes (ring)", op)
+        with np.errstate(all="ignore"):   # as allreduce: inf and wrap-around are defined results
+            self._run(plan, f"reducescatter of {total * it} bytes (ring)", op)
 
     # -- point to point and barrier
 
