@@ -20,12 +20,14 @@ import glob
 import logging
 import os
 import pickle
+import queue
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -481,3 +483,30 @@ def _collect(np: int, started: List[int], procs: Dict[int, Any], job_dir: str, t
         raise RankFailed(f"rank {o.rank} {'failed' if o.status == 'error' else 'died'}:\n{o.value}\n"
                          f"--- output ---\n{o.output[-2000:]}")
     return [o.value for o in outcomes]
+
+
+def output_lines(proc: subprocess.Popen, seconds: float) -> Iterator[str]:
+    """The lines ``proc`` writes to its (text) stdout pipe, until it closes the pipe or ``seconds`` pass.
+
+    A reader thread feeds a queue, so a process that goes silent without exiting cannot hold the caller past its
+    deadline (a bare ``readline`` would block for as long as the process lives).
+    """
+    lines: "queue.Queue[Optional[str]]" = queue.Queue()
+
+    def pump() -> None:
+        try:
+            for line in proc.stdout:   # type: ignore[union-attr]
+                lines.put(line)
+        finally:
+            lines.put(None)
+
+    threading.Thread(target=pump, name="output-lines", daemon=True).start()
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        if line is None:
+            return
+        yield line

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+from multiproc import output_lines
 from test_planted_hangs import PLANTED, job_env, marker_line
 
 SCRIPT = textwrap.dedent("""
@@ -50,12 +51,8 @@ def test_horovodrun_collects_every_rank_on_request(tmp_path):
     argv = [sys.executable, "-m", "horovod.runner", "-np", "3", sys.executable, str(PLANTED), "sleep"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, hanging, verdict = [], set(), None
-    deadline = time.monotonic() + 120
     try:
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
+        for line in output_lines(proc, 120):
             lines.append(line)
             if "planted: rank" in line:
                 hanging.add(line)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from horovod.doctor import report
+from multiproc import output_lines
 
 pytestmark = pytest.mark.slow   # about 40 horovodrun jobs, ~5 minutes on the 2-core VM
 
@@ -151,12 +152,8 @@ def test_eight_ranks_dumped_and_collected_within_seconds_of_the_stall_warning(tm
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     warned = collected = None
     lines = []
-    deadline = time.monotonic() + 150
     try:
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
+        for line in output_lines(proc, 150):
             lines.append(line)
             if warned is None and "One or more tensors were submitted" in line:
                 warned = time.monotonic()
