@@ -396,8 +396,8 @@ class Runtime:
         """Whether progress must continue without a waiting caller."""
         if self._dead is not None:
             return False
-        if self._inflight or self._stop_requested:
-            return True
+        if self._stop_requested or (self._inflight and self.size > 1):
+            return True   # a job of one process runs its entries in the caller (_run_alone), never in the background
         warm = self._warm
         if warm is not None and (warm.state.in_round or warm.deferred):
             return True   # everyone waits for this rank's round; its messages wait for the round

@@ -261,6 +261,31 @@ def test_frozen_peer_becomes_an_error_not_a_hang():
     assert all(kind == "HorovodInternalError" for kind, _ in outcomes.values()), outcomes
 
 
+def alone_back_to_back_worker(seconds: float) -> int:
+    import time
+
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    x = np.ones(4, np.float32)
+    calls, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        hvd.allreduce(x, name="x", op=hvd.Sum)
+        calls += 1
+    hvd.shutdown()
+    return calls
+
+
+def test_a_job_of_one_process_never_hangs_between_its_caller_and_the_idle_poll():
+    """Fixed in session 8. Was: at np = 1 the background thread's idle poll (once a second) could take the drive
+    lock while a call's entry was in flight; it then drove "until nothing is in flight", but a job of one process
+    runs its entries in the calling thread, which waited for that lock: back-to-back calls hung within seconds."""
+    calls = run(alone_back_to_back_worker, 1, "tcp", args=(4.0,), timeout=60)
+    assert calls[0] > 100, calls
+
+
 # ------------------------------------------------------------------------------------------------ open bugs
 def disjoint_sets_worker(named: bool) -> dict:
     import os
