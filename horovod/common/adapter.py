@@ -117,7 +117,10 @@ def c_order(array: Any) -> Tuple[np.ndarray, bool]:
 
 def storage_view(array: np.ndarray) -> Tuple[np.ndarray, Optional[str]]:
     """``(engine storage, dtype override)`` of a C-contiguous array: bfloat16 (``ml_dtypes``) as its uint16 bits."""
-    if array.dtype.name == BFLOAT16:
+    # ``dtype.name`` is computed in Python on every access (microseconds); ``kind`` is a field, and ml_dtypes'
+    # types are the only void-kind ("V") arrays a collective accepts.
+    dtype = array.dtype
+    if dtype.kind == "V" and dtype.name == BFLOAT16:
         return array.view(_BITS), BFLOAT16
     return array, None
 

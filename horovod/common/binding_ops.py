@@ -27,10 +27,9 @@ from horovod.engine.naming import group_names, tensor_name
 Pending = Tuple[Handle, Callable[[Any], Any]]
 
 
-def _dtypes(views: Sequence[Any]) -> Optional[Sequence[str]]:
-    """:func:`overrides` for the engine's ``dtypes=``: annotated ``Sequence[str]`` there, it takes None entries
-    (no override for that tensor) too. The ignore goes once the engine's annotation is widened."""
-    return overrides(views)  # type: ignore[return-value]
+def _dtypes(views: Sequence[Any]) -> Optional[Sequence[Optional[str]]]:
+    """:func:`overrides` for the engine's ``dtypes=`` (``None`` entries: no override for that tensor)."""
+    return overrides(views)
 
 
 def complete(pending: Pending) -> Any:
@@ -51,15 +50,14 @@ def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
     handle = collectives.allreduce_async([v.array for v in views], names, op=op, prescale=prescale,
                                          postscale=postscale, process_set=set_id, outputs=outputs,
                                          dtypes=_dtypes(views), grouped=grouped)
+    if grouped:
+        if inplace:
+            return handle, lambda _raw: [adapter.finish_inplace(v) for v in views]
+        return handle, lambda _raw: [adapter.result(o, v) for o, v in zip(outputs, views)]
+    view, output = views[0], outputs[0]
     if inplace:
-        def finish(_raw):
-            out = [adapter.finish_inplace(v) for v in views]
-            return out if grouped else out[0]
-    else:
-        def finish(_raw):
-            out = [adapter.result(o, v) for o, v in zip(outputs, views)]
-            return out if grouped else out[0]
-    return handle, finish
+        return handle, lambda _raw: adapter.finish_inplace(view)
+    return handle, lambda _raw: adapter.result(output, view)
 
 
 def _new_results(adapter: TensorAdapter, views, grouped: bool) -> Callable[[Any], Any]:
