@@ -27,11 +27,6 @@ from horovod.engine.naming import group_names, tensor_name
 Pending = Tuple[Handle, Callable[[Any], Any]]
 
 
-def _dtypes(views: Sequence[Any]) -> Optional[Sequence[Optional[str]]]:
-    """:func:`overrides` for the engine's ``dtypes=`` (``None`` entries: no override for that tensor)."""
-    return overrides(views)
-
-
 def complete(pending: Pending) -> Any:
     """Wait for ``(handle, finish)`` and return the binding's result (failures as ``collective_error`` says)."""
     handle, finish = pending
@@ -49,7 +44,7 @@ def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
         outputs = [adapter.fresh_output(v) for v in views]
     handle = collectives.allreduce_async([v.array for v in views], names, op=op, prescale=prescale,
                                          postscale=postscale, process_set=set_id, outputs=outputs,
-                                         dtypes=_dtypes(views), grouped=grouped)
+                                         dtypes=overrides(views), grouped=grouped)
     if grouped:
         if inplace:
             return handle, lambda _raw: [adapter.finish_inplace(v) for v in views]
@@ -72,7 +67,7 @@ def allgather(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
               grouped: bool) -> Pending:
     views = [adapter.view(t) for t in tensors]
     handle = collectives.allgather_async([v.array for v in views], names, process_set=set_id,
-                                         dtypes=_dtypes(views), grouped=grouped)
+                                         dtypes=overrides(views), grouped=grouped)
     return handle, _new_results(adapter, views, grouped)
 
 
@@ -80,7 +75,7 @@ def reducescatter(adapter: TensorAdapter, tensors: Sequence[Any], names: List[st
                   postscale: float, set_id: int, grouped: bool) -> Pending:
     views = [adapter.view(t) for t in tensors]
     handle = collectives.reducescatter_async([v.array for v in views], names, op=op, prescale=prescale,
-                                             postscale=postscale, process_set=set_id, dtypes=_dtypes(views),
+                                             postscale=postscale, process_set=set_id, dtypes=overrides(views),
                                              grouped=grouped)
     return handle, _new_results(adapter, views, grouped)
 
@@ -90,7 +85,7 @@ def broadcast(adapter: TensorAdapter, tensor: Any, name: str, root_rank: int, se
     view = adapter.inplace_view(tensor) if inplace else adapter.view(tensor)
     output = view.array if inplace else adapter.fresh_output(view)
     handle = collectives.broadcast_async([view.array], [name], root_rank, process_set=set_id, outputs=[output],
-                                         dtypes=_dtypes([view]))
+                                         dtypes=overrides([view]))
     if inplace:
         return handle, lambda _raw: adapter.finish_inplace(view)
     return handle, lambda _raw: adapter.result(output, view)
