@@ -164,10 +164,11 @@ def python_overhead(args) -> int:
         cells = [entry]
         for label, _ in checkouts:
             medians = [r["median_s"][entry] * 1e6 for r in runs[label] if entry in r["median_s"]]
-            cells.append("–" if not medians else f"{float(np.median(medians)):.1f} ({min(medians):.1f}–"
-                                                 f"{max(medians):.1f})")
+            best = [r["min_s"][entry] * 1e6 for r in runs[label] if entry in r["min_s"]]
+            cells.append("–" if not medians else f"{float(np.median(medians)):.1f} ({min(best):.1f})")
         rows.append(cells)
-    print("Median over runs of each run's median per call (range over runs in brackets).\n")
+    print("Median over runs of each run's median time per call; in brackets the best round of any run (the least "
+          "disturbed by other load on the machine).\n")
     print("\n".join(table(head, rows)) + "\n")
     layers = [name for name, _ in overhead.LAYERS] + ["numpy, torch, builtins"]
     for label, path in checkouts:

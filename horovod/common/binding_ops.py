@@ -200,9 +200,12 @@ class HandleCollectives:
         ``average=None``, and the ``average=`` shim is not run again.
         """
         set_id = _set_id(process_set)
-        names = self._names("allreduce", name, len(tensors), set_id, grouped)
-        if average is not None or op is None:
+        names = self._names("allreduce", name, len(tensors), set_id, grouped) if grouped else \
+            [tensor_name("allreduce", name, set_id)]
+        if average is not None:   # the deprecated ``average=``: the shim checks it against ``op`` and warns
             op = handle_average_backwards_compatibility(op, average)
+        elif op is None:
+            op = Average
         return allreduce(self.adapter, tensors, names, op, prescale_factor, postscale_factor, set_id, inplace,
                          grouped)
 
