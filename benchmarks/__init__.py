@@ -9,7 +9,8 @@
 - ``latency_stages.py``, ``control_plane.py``, ``flight_recorder.py``: where the time of one call goes.
 - ``gpu.py``: the device plane (run on a GPU machine: ``tests/gpu/device_check.sh``).
 
-Shared parts: ``_lib/`` (launching jobs under timeouts, sizes and bus-bandwidth math, tables and run headers),
+Shared parts: ``_lib/`` (launching jobs under timeouts, sizes and bus-bandwidth math, tables and run headers, the
+np = 1 worker of ``latency_stages.py --python-overhead``),
 ``_collectives/`` (the collective sweep that ``collectives.py`` and ``transports.py`` share) and ``charts.py``
 (``--chart FILE.png``: matplotlib, imported only when a chart is asked for).
 """
