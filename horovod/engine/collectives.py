@@ -71,8 +71,8 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
     runtime = state.runtime()
     handle = Handle(len(tensors), list(names), finalize)
     inline_limit = runtime.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
-    group = (names[0], len(tensors)) if grouped else None   # ranks agree on member names: the first keys the group
-    prescale, postscale = float(prescale), float(postscale)
+    # Ranks agree on member names, so the first name keys the group on the coordinator.
+    group = (names[0], len(tensors)) if grouped and tensors else None
     entries = []
     for i, given in enumerate(tensors):
         # The bindings' views are C-contiguous numpy arrays already: the common case skips the conversion.
@@ -80,7 +80,7 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
         tensor = given if host else _contiguous(given)
         req = Request(rank=runtime.rank, name=names[i], kind=kind,
                       dtype=ops.dtype_name(tensor, dtypes[i] if dtypes else None), shape=tuple(tensor.shape),
-                      op=op, root=root, prescale=prescale, postscale=postscale, process_set=process_set,
+                      op=op, root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
                       group=group, splits=_splits_of(splits, i) if splits else None,
                       device=tensor.device if isinstance(tensor, DeviceArray) else -1)
         if tensor.nbytes <= inline_limit and isinstance(tensor, np.ndarray):   # not on a device
