@@ -10,7 +10,8 @@
   call or one training step's agreement goes (``round_boards.py``: the warm path's AND over real sockets).
 - ``gpu.py``: the device plane (run on a GPU machine: ``tests/gpu/device_check.sh``).
 
-Shared parts: ``_lib/`` (launching jobs under timeouts, sizes and bus-bandwidth math, tables and run headers),
+Shared parts: ``_lib/`` (launching jobs under timeouts, sizes and bus-bandwidth math, tables and run headers, the
+np = 1 worker of ``latency_stages.py --python-overhead``),
 ``_collectives/`` (the collective sweep that ``collectives.py`` and ``transports.py`` share) and ``charts.py``
 (``--chart FILE.png``: matplotlib, imported only when a chart is asked for).
 """

@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/latency_stages.py                 # patterns: back to back, 1 ms compute before each
     python benchmarks/latency_stages.py --calls 1000 --transport shm
+    python benchmarks/latency_stages.py --python-overhead [--against /path/to/other/checkout]
 
 Each rank stamps ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, one clock for every process of the machine) at the
 stages of an 8-byte ``horovod.numpy.allreduce``, once on each path such a call can take. On the *fast lane* (the
@@ -14,6 +15,12 @@ starts; the worker's request leaves (``send``); rank 0 reads it (``receive``); r
 The stamps come from wrapping those engine methods for the length of the job (a diagnostic: it adds a few
 microseconds per stage). The table shows the median time of each stamp after the earlier of the two calls
 started, and the median call time per rank.
+
+``--python-overhead`` asks a narrower question: what the Python above the engine costs per call. At np = 1 (the
+engine has nobody to wait for) it times the same 8-byte allreduce through the engine API alone and through each
+binding entry point, interleaved in one process, and counts with cProfile the function calls each layer makes
+(binding, ``horovod/common``, engine API, runtime). ``--against DIR`` measures another checkout's ``horovod`` in
+alternating runs (e.g. ``git archive <rev> horovod | tar -x -C DIR`` for a before/after table).
 """
 from __future__ import annotations
 
@@ -28,6 +35,11 @@ import time
 from typing import Dict, List
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks._lib import launch, overhead  # noqa: E402
+from benchmarks._lib.report import header, table  # noqa: E402
 
 PATTERNS = {"b2b": "back to back", "compute": "1 ms compute before each"}
 PATHS = {"lane": ("fast lane", "1"), "coordinator": ("coordinator, HOROVOD_FAST_LANE=0", "0")}
@@ -116,12 +128,72 @@ def analyse(out: str) -> Dict[str, object]:
     return {"rows": {k: (float(np.median(v)), len(v)) for k, v in rows.items()}, "calls": calls, "n": len(r0)}
 
 
+def python_overhead(args) -> int:
+    """Time and count each entry point at np = 1, for this checkout and (alternating) ``--against``'s."""
+    checkouts = [("this checkout", launch.REPO)] + ([("--against", os.path.abspath(args.against))]
+                                                     if args.against else [])
+    runs: Dict[str, List[dict]] = {label: [] for label, _ in checkouts}
+    hangs = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for run, (label, path) in itertools.product(range(args.runs), checkouts):
+            out = os.path.join(tmp, f"{run}-{len(runs[label])}-{label[:4]}.json")
+            env = launch.repo_env({"PYTHONPATH": path}, drop_prefixes=("HOROVOD_", "OMPI_", "PMI"))
+            # Run by file name (not -m from this checkout) so that `horovod` comes from PYTHONPATH alone.
+            job = None
+            for _attempt in range(3):   # np = 1 can hang in the engine (a race; the worker's watchdog ends it)
+                job = launch.run_job([sys.executable, overhead.__file__, str(args.calls), "7", out], env,
+                                     timeout=600, cwd=tmp)
+                hangs += "Timeout (0:" in job.stderr
+                if job.ok:
+                    break
+            assert job is not None
+            if not job.ok:
+                raise RuntimeError(f"the np = 1 overhead worker failed for {label} ({path}): {job.describe()}")
+            with open(out, encoding="utf-8") as f:
+                runs[label].append(json.load(f))
+    for key, value in header(None).items():
+        print(f"- {key}: {value}")
+    print(f"- load average at end: {os.getloadavg()[0]:.2f}; {args.runs} runs per checkout, alternating; each run: "
+          f"7 interleaved rounds of {args.calls} calls per entry point\n")
+    if hangs:
+        print(f"- {hangs} worker run(s) hung at np = 1 and were repeated (the engine's idle-poll race)")
+    entries = list(runs[checkouts[0][0]][0]["median_s"])
+    head = ["entry point (8 B float32, np = 1)"] + [f"µs/call, {label}" for label, _ in checkouts]
+    rows = []
+    for entry in entries:
+        cells = [entry]
+        for label, _ in checkouts:
+            medians = [r["median_s"][entry] * 1e6 for r in runs[label] if entry in r["median_s"]]
+            best = [r["min_s"][entry] * 1e6 for r in runs[label] if entry in r["min_s"]]
+            cells.append("–" if not medians else f"{float(np.median(medians)):.1f} ({min(best):.1f})")
+        rows.append(cells)
+    print("Median over runs of each run's median time per call; in brackets the best round of any run (the least "
+          "disturbed by other load on the machine).\n")
+    print("\n".join(table(head, rows)) + "\n")
+    layers = [name for name, _ in overhead.LAYERS] + ["numpy, torch, builtins"]
+    for label, path in checkouts:
+        calls = runs[label][0]["calls"]
+        print(f"Function calls per call by layer (cProfile), {label} ({path}):\n")
+        rows = [[entry] + [f"{calls[entry].get(layer, 0):.0f}" for layer in layers] +
+                [f"{sum(calls[entry].values()):.0f}"] for entry in entries if entry in calls]
+        print("\n".join(table(["entry point"] + layers + ["total"], rows)) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--transport", default="shm")
+    ap.add_argument("--python-overhead", action="store_true",
+                    help="np = 1: the Python cost per call above the engine, per entry point and layer")
+    ap.add_argument("--against", metavar="DIR", help="with --python-overhead: also measure DIR's horovod")
+    ap.add_argument("--runs", type=int, default=3, help="with --python-overhead: runs per checkout")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.python_overhead:
+        if args.calls == 400:
+            args.calls = 2000
+        return python_overhead(args)
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), args.worker[2])
         return 0

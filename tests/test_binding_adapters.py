@@ -415,6 +415,21 @@ def _handle_checks(p: Probe, c, rank: int, size: int) -> None:
     import numpy as np
 
     hvd = p.hvd
+    if hvd.__name__ in ("horovod.numpy", "horovod.torch"):   # their blocking forms take the shared run()
+        # blocking forms return their result directly: no integer handle is issued for them, and a failure
+        # surfaces as from synchronize
+        issued = p.collectives.handles._next
+        x = p.make(np.ones(3, np.float32), "float32")
+        c.equal(p.storage(hvd.allreduce(x, op=hvd.Sum, name="direct")), np.full(3, size, np.float32), "allreduce")
+        c.equal(p.storage(hvd.allreduce_(x, op=hvd.Sum, name="direct_")), np.full(3, size, np.float32),
+                "allreduce_")
+        c.equal(p.storage(hvd.broadcast_(x, 0, name="direct_bcast")), np.full(3, size, np.float32), "broadcast_")
+        c.true(p.collectives.handles._next == issued, "a blocking collective issued an integer handle")
+        c.raises("shape mismatch, blocking", MismatchError, hvd.allreduce, p.make(np.ones(2 + rank, np.float32),
+                 "float32"), name="mismatch_blocking", match="Mismatched ALLREDUCE tensor shapes")
+    for error in (ConnectionResetError("peer reset"), RuntimeError("coordinator said no")):
+        c.raises(f"run() of a handle failed with {type(error).__name__}", HorovodInternalError,
+                 p.collectives.run, (_failed_handle(error), lambda raw: raw), match=str(error))
     # unknown handles
     unknown = 10 ** 9
     c.true(hvd.synchronize(unknown) is None, "synchronize(unknown handle) is not None")

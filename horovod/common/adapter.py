@@ -87,9 +87,12 @@ class TensorAdapter(Generic[ArrayT]):
     def fresh_output(self, view: View[ArrayT]) -> HostOrDevice:
         """Where a new-result reduction or broadcast writes: the staged copy (already private), or a block from
         the engine's result pool (memory already faulted in; a large fresh allocation costs more than the copy)."""
+        array = view.array
         if view.staged:
-            return view.array
-        return result_pool.empty(view.array.shape, view.array.dtype)
+            return array
+        if array.nbytes < result_pool.MIN_BYTES:   # what the pool gives a small result, without its checks
+            return np.empty(array.shape, array.dtype)
+        return result_pool.empty(array.shape, array.dtype)
 
     def finish_inplace(self, view: View[ArrayT]) -> Any:
         """After an in-place collective: write a staged result back; return the caller's tensor."""
@@ -117,7 +120,10 @@ def c_order(array: Any) -> Tuple[np.ndarray, bool]:
 
 def storage_view(array: np.ndarray) -> Tuple[np.ndarray, Optional[str]]:
     """``(engine storage, dtype override)`` of a C-contiguous array: bfloat16 (``ml_dtypes``) as its uint16 bits."""
-    if array.dtype.name == BFLOAT16:
+    # ``dtype.name`` is computed in Python on every access (microseconds); ``kind`` is a field, and ml_dtypes'
+    # types are the only void-kind ("V") arrays a collective accepts.
+    dtype = array.dtype
+    if dtype.kind == "V" and dtype.name == BFLOAT16:
         return array.view(_BITS), BFLOAT16
     return array, None
 

@@ -4,8 +4,10 @@ Each operation goes validate → view → enqueue → wrap the result: the funct
 turn its tensors into engine views, call :mod:`horovod.engine.collectives` and return ``(handle, finish)`` where
 ``finish(raw)`` builds the binding's result once the handle completed (for in-place forms: writes staged results
 back and returns the caller's tensors).  :func:`complete` waits for such a pair (the blocking bindings: mxnet);
-:class:`HandleCollectives` puts them behind integer handles with the public signatures of ``horovod.torch``
-(``horovod.numpy`` and ``horovod.torch`` expose its bound methods as their functions).
+:class:`HandleCollectives` gives them the public signatures of ``horovod.torch`` (``horovod.numpy`` and
+``horovod.torch`` expose its bound methods as their functions): asynchronous forms behind integer handles,
+blocking forms that return the result directly.  Every call of a binding settles its process set, names and
+reduction op once (``start_*``), so that the hot path of a small blocking allreduce stays short.
 """
 from __future__ import annotations
 
@@ -15,19 +17,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from horovod.common import basics
 from horovod.common.adapter import TensorAdapter, overrides, raise_collective_error, wait
 from horovod.common.basics import Average
-from horovod.common.process_sets import ProcessSet, _set_id, global_process_set, group_op_names, op_name
+from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
 from horovod.common.util import handle_average_backwards_compatibility
 from horovod.engine import collectives
 from horovod.engine.collectives import blocking
 from horovod.engine.handles import Handle, HandleTable
+from horovod.engine.naming import group_names, tensor_name
 
 Pending = Tuple[Handle, Callable[[Any], Any]]
-
-
-def _dtypes(views: Sequence[Any]) -> Optional[Sequence[str]]:
-    """:func:`overrides` for the engine's ``dtypes=``: annotated ``Sequence[str]`` there, it takes None entries
-    (no override for that tensor) too. The ignore goes once the engine's annotation is widened."""
-    return overrides(views)  # type: ignore[return-value]
 
 
 def complete(pending: Pending) -> Any:
@@ -47,16 +44,15 @@ def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
         outputs = [adapter.fresh_output(v) for v in views]
     handle = collectives.allreduce_async([v.array for v in views], names, op=op, prescale=prescale,
                                          postscale=postscale, process_set=set_id, outputs=outputs,
-                                         dtypes=_dtypes(views), grouped=grouped)
+                                         dtypes=overrides(views), grouped=grouped)
+    if grouped:
+        if inplace:
+            return handle, lambda _raw: [adapter.finish_inplace(v) for v in views]
+        return handle, lambda _raw: [adapter.result(o, v) for o, v in zip(outputs, views)]
+    view, output = views[0], outputs[0]
     if inplace:
-        def finish(_raw):
-            out = [adapter.finish_inplace(v) for v in views]
-            return out if grouped else out[0]
-    else:
-        def finish(_raw):
-            out = [adapter.result(o, v) for o, v in zip(outputs, views)]
-            return out if grouped else out[0]
-    return handle, finish
+        return handle, lambda _raw: adapter.finish_inplace(view)
+    return handle, lambda _raw: adapter.result(output, view)
 
 
 def _new_results(adapter: TensorAdapter, views, grouped: bool) -> Callable[[Any], Any]:
@@ -71,7 +67,7 @@ def allgather(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
               grouped: bool) -> Pending:
     views = [adapter.view(t) for t in tensors]
     handle = collectives.allgather_async([v.array for v in views], names, process_set=set_id,
-                                         dtypes=_dtypes(views), grouped=grouped)
+                                         dtypes=overrides(views), grouped=grouped)
     return handle, _new_results(adapter, views, grouped)
 
 
@@ -79,7 +75,7 @@ def reducescatter(adapter: TensorAdapter, tensors: Sequence[Any], names: List[st
                   postscale: float, set_id: int, grouped: bool) -> Pending:
     views = [adapter.view(t) for t in tensors]
     handle = collectives.reducescatter_async([v.array for v in views], names, op=op, prescale=prescale,
-                                             postscale=postscale, process_set=set_id, dtypes=_dtypes(views),
+                                             postscale=postscale, process_set=set_id, dtypes=overrides(views),
                                              grouped=grouped)
     return handle, _new_results(adapter, views, grouped)
 
@@ -89,7 +85,7 @@ def broadcast(adapter: TensorAdapter, tensor: Any, name: str, root_rank: int, se
     view = adapter.inplace_view(tensor) if inplace else adapter.view(tensor)
     output = view.array if inplace else adapter.fresh_output(view)
     handle = collectives.broadcast_async([view.array], [name], root_rank, process_set=set_id, outputs=[output],
-                                         dtypes=_dtypes([view]))
+                                         dtypes=overrides([view]))
     if inplace:
         return handle, lambda _raw: adapter.finish_inplace(view)
     return handle, lambda _raw: adapter.result(output, view)
@@ -180,16 +176,62 @@ class HandleCollectives:
         except (RuntimeError, OSError) as exc:
             raise_collective_error(exc)
 
-    def _add(self, pending: Pending) -> int:
-        return self.handles.add(*pending)
+    def run(self, pending: Pending) -> Any:
+        """Wait for a blocking call's ``(handle, finish)`` and return its result: no integer handle is created only
+        to be looked up on the next line.  Failures raise as from :meth:`synchronize`."""
+        handle, finish = pending
+        try:
+            return finish(handle.wait())
+        except (RuntimeError, OSError) as exc:
+            raise_collective_error(exc)
+
+    # -- the shared path: names and the op settled once, then (handle, finish) ---------------------------------
+    @staticmethod
+    def _names(prefix: str, name: Optional[str], count: int, set_id: int, grouped: bool) -> List[str]:
+        if grouped:
+            return group_names(f"grouped_{prefix}", name, count, set_id)[0]
+        return [tensor_name(prefix, name, set_id)]
+
+    def start_allreduce(self, tensors: Sequence[Any], name: Optional[str], op, average, prescale_factor: float,
+                        postscale_factor: float, process_set: ProcessSet, inplace: bool, grouped: bool) -> Pending:
+        """Start an allreduce of ``tensors`` (one, or a group); every allreduce of this binding comes here.
+
+        ``op`` / ``average`` are the public arguments; a caller that settled them already passes the op and
+        ``average=None``, and the ``average=`` shim is not run again.
+        """
+        set_id = _set_id(process_set)
+        names = self._names("allreduce", name, len(tensors), set_id, grouped) if grouped else \
+            [tensor_name("allreduce", name, set_id)]
+        if average is not None:   # the deprecated ``average=``: the shim checks it against ``op`` and warns
+            op = handle_average_backwards_compatibility(op, average)
+        elif op is None:
+            op = Average
+        return allreduce(self.adapter, tensors, names, op, prescale_factor, postscale_factor, set_id, inplace,
+                         grouped)
+
+    def start_allgather(self, tensors: Sequence[Any], name: Optional[str], process_set: ProcessSet,
+                        grouped: bool) -> Pending:
+        set_id = _set_id(process_set)
+        return allgather(self.adapter, tensors, self._names("allgather", name, len(tensors), set_id, grouped),
+                         set_id, grouped)
+
+    def start_broadcast(self, tensor, root_rank: int, name: Optional[str], process_set: ProcessSet,
+                        inplace: bool) -> Pending:
+        set_id = _set_id(process_set)
+        return broadcast(self.adapter, tensor, tensor_name("broadcast", name, set_id), root_rank, set_id, inplace)
+
+    def start_alltoall(self, tensor, splits, name: Optional[str], process_set: ProcessSet) -> Pending:
+        set_id = _set_id(process_set)
+        return alltoall(self.adapter, tensor, tensor_name("alltoall", name, set_id), splits, set_id)
+
+    def start_reducescatter(self, tensors: Sequence[Any], name: Optional[str], op, prescale_factor: float,
+                            postscale_factor: float, process_set: ProcessSet, grouped: bool) -> Pending:
+        set_id = _set_id(process_set)
+        return reducescatter(self.adapter, tensors, self._names("reducescatter", name, len(tensors), set_id,
+                                                                grouped),
+                             Average if op is None else op, prescale_factor, postscale_factor, set_id, grouped)
 
     # -- allreduce -------------------------------------------------------------------------------------------
-    def _allreduce(self, tensors, names, op, average, prescale_factor, postscale_factor, process_set,
-                   inplace: bool, grouped: bool) -> int:
-        op = handle_average_backwards_compatibility(op, average)
-        return self._add(allreduce(self.adapter, tensors, names, op, prescale_factor, postscale_factor,
-                                   _set_id(process_set), inplace, grouped))
-
     def allreduce_async(self, tensor, average=None, name: Optional[str] = None, op=None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                         process_set: ProcessSet = global_process_set) -> int:
@@ -207,60 +249,83 @@ class HandleCollectives:
         Returns:
             A handle for :func:`poll` / :func:`synchronize`.
         """
-        return self._allreduce([tensor], [op_name("allreduce", name, process_set)], op, average, prescale_factor,
-                               postscale_factor, process_set, inplace=False, grouped=False)
+        return self.handles.add(*self.start_allreduce([tensor], name, op, average, prescale_factor,
+                                                      postscale_factor, process_set, False, False))
 
     def allreduce_async_(self, tensor, average=None, name: Optional[str] = None, op=None,
                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                          process_set: ProcessSet = global_process_set) -> int:
         """In-place :func:`allreduce_async`: the result is written into ``tensor``'s memory."""
-        return self._allreduce([tensor], [op_name("allreduce", name, process_set)], op, average, prescale_factor,
-                               postscale_factor, process_set, inplace=True, grouped=False)
+        return self.handles.add(*self.start_allreduce([tensor], name, op, average, prescale_factor,
+                                                      postscale_factor, process_set, True, False))
+
+    @blocking
+    def allreduce(self, tensor, average=None, name: Optional[str] = None, op=None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set: ProcessSet = global_process_set):
+        """Reduce ``tensor`` across ranks (default: average) and return the result (a new tensor)."""
+        return self.run(self.start_allreduce([tensor], name, op, average, prescale_factor, postscale_factor,
+                                             process_set, False, False))
 
     @blocking
     def allreduce_(self, tensor, average=None, name: Optional[str] = None, op=None,
                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                    process_set: ProcessSet = global_process_set):
         """In-place, blocking allreduce; returns ``tensor`` holding the result."""
-        return self.synchronize(self.allreduce_async_(tensor, average, name, op, prescale_factor,
-                                                      postscale_factor, process_set))
+        return self.run(self.start_allreduce([tensor], name, op, average, prescale_factor, postscale_factor,
+                                             process_set, True, False))
 
     def grouped_allreduce_async(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                 process_set: ProcessSet = global_process_set) -> int:
         """Start reducing a list of tensors as one group (negotiated and fused together); results are new."""
-        names, _ = group_op_names("grouped_allreduce", name, len(tensors), process_set)
-        return self._allreduce(list(tensors), names, op, average, prescale_factor, postscale_factor, process_set,
-                               inplace=False, grouped=True)
+        return self.handles.add(*self.start_allreduce(list(tensors), name, op, average, prescale_factor,
+                                                      postscale_factor, process_set, False, True))
 
     def grouped_allreduce_async_(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
                                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                  process_set: ProcessSet = global_process_set) -> int:
         """In-place :func:`grouped_allreduce_async`."""
-        names, _ = group_op_names("grouped_allreduce", name, len(tensors), process_set)
-        return self._allreduce(list(tensors), names, op, average, prescale_factor, postscale_factor, process_set,
-                               inplace=True, grouped=True)
+        return self.handles.add(*self.start_allreduce(list(tensors), name, op, average, prescale_factor,
+                                                      postscale_factor, process_set, True, True))
+
+    @blocking
+    def grouped_allreduce(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          process_set: ProcessSet = global_process_set) -> list:
+        """Reduce a list of tensors as one atomic group; returns a list of new tensors."""
+        return self.run(self.start_allreduce(list(tensors), name, op, average, prescale_factor, postscale_factor,
+                                             process_set, False, True))
 
     @blocking
     def grouped_allreduce_(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                            process_set: ProcessSet = global_process_set) -> list:
         """In-place, blocking grouped allreduce; returns the input tensors holding the results."""
-        return self.synchronize(self.grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                              postscale_factor, process_set))
+        return self.run(self.start_allreduce(list(tensors), name, op, average, prescale_factor, postscale_factor,
+                                             process_set, True, True))
 
     # -- allgather -------------------------------------------------------------------------------------------
     def allgather_async(self, tensor, name: Optional[str] = None,
                         process_set: ProcessSet = global_process_set) -> int:
         """Start concatenating every rank's ``tensor`` along dimension 0 (first dimensions may differ)."""
-        return self._add(allgather(self.adapter, [tensor], [op_name("allgather", name, process_set)],
-                                   _set_id(process_set), grouped=False))
+        return self.handles.add(*self.start_allgather([tensor], name, process_set, False))
 
     def grouped_allgather_async(self, tensors: Sequence, name: Optional[str] = None,
                                 process_set: ProcessSet = global_process_set) -> int:
         """Start allgathering a list of tensors as one group."""
-        names, _ = group_op_names("grouped_allgather", name, len(tensors), process_set)
-        return self._add(allgather(self.adapter, list(tensors), names, _set_id(process_set), grouped=True))
+        return self.handles.add(*self.start_allgather(list(tensors), name, process_set, True))
+
+    @blocking
+    def allgather(self, tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set):
+        """Concatenate every rank's ``tensor`` along dimension 0."""
+        return self.run(self.start_allgather([tensor], name, process_set, False))
+
+    @blocking
+    def grouped_allgather(self, tensors: Sequence, name: Optional[str] = None,
+                          process_set: ProcessSet = global_process_set) -> list:
+        """Allgather a list of tensors as one group; returns a list."""
+        return self.run(self.start_allgather(list(tensors), name, process_set, True))
 
     # -- broadcast -------------------------------------------------------------------------------------------
     def broadcast_async(self, tensor, root_rank: int, name: Optional[str] = None,
@@ -269,20 +334,24 @@ class HandleCollectives:
 
         ``root_rank`` is a global rank, also when a process set is given.
         """
-        return self._add(broadcast(self.adapter, tensor, op_name("broadcast", name, process_set), root_rank,
-                                   _set_id(process_set), inplace=False))
+        return self.handles.add(*self.start_broadcast(tensor, root_rank, name, process_set, False))
 
     def broadcast_async_(self, tensor, root_rank: int, name: Optional[str] = None,
                          process_set: ProcessSet = global_process_set) -> int:
         """In-place :func:`broadcast_async`: non-root ranks receive into ``tensor``'s memory."""
-        return self._add(broadcast(self.adapter, tensor, op_name("broadcast", name, process_set), root_rank,
-                                   _set_id(process_set), inplace=True))
+        return self.handles.add(*self.start_broadcast(tensor, root_rank, name, process_set, True))
+
+    @blocking
+    def broadcast(self, tensor, root_rank: int, name: Optional[str] = None,
+                  process_set: ProcessSet = global_process_set):
+        """Return ``root_rank``'s ``tensor`` on every rank (a new tensor)."""
+        return self.run(self.start_broadcast(tensor, root_rank, name, process_set, False))
 
     @blocking
     def broadcast_(self, tensor, root_rank: int, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set):
         """In-place, blocking broadcast; returns ``tensor``."""
-        return self.synchronize(self.broadcast_async_(tensor, root_rank, name, process_set))
+        return self.run(self.start_broadcast(tensor, root_rank, name, process_set, True))
 
     # -- alltoall / reducescatter ----------------------------------------------------------------------------
     def alltoall_async(self, tensor, splits=None, name: Optional[str] = None,
@@ -292,8 +361,7 @@ class HandleCollectives:
         ``splits`` (a list or an int tensor, one entry per member) defaults to an equal split of dimension 0.
         The synchronized result is ``(output, received_splits)``.
         """
-        return self._add(alltoall(self.adapter, tensor, op_name("alltoall", name, process_set), splits,
-                                  _set_id(process_set)))
+        return self.handles.add(*self.start_alltoall(tensor, splits, name, process_set))
 
     def reducescatter_async(self, tensor, name: Optional[str] = None, op=Average,
                             process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
@@ -302,17 +370,31 @@ class HandleCollectives:
 
         Rank r gets ``d0 // n`` rows, plus one when ``r < d0 % n`` (n = size of the process set).
         """
-        return self._add(reducescatter(self.adapter, [tensor], [op_name("reducescatter", name, process_set)],
-                                       Average if op is None else op, prescale_factor, postscale_factor,
-                                       _set_id(process_set), grouped=False))
+        return self.handles.add(*self.start_reducescatter([tensor], name, op, prescale_factor, postscale_factor,
+                                                          process_set, False))
 
     def grouped_reducescatter_async(self, tensors: Sequence, name: Optional[str] = None, op=Average,
                                     process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                     postscale_factor: float = 1.0) -> int:
         """Start reduce-scattering a list of tensors as one group."""
-        names, _ = group_op_names("grouped_reducescatter", name, len(tensors), process_set)
-        return self._add(reducescatter(self.adapter, list(tensors), names, Average if op is None else op,
-                                       prescale_factor, postscale_factor, _set_id(process_set), grouped=True))
+        return self.handles.add(*self.start_reducescatter(list(tensors), name, op, prescale_factor,
+                                                          postscale_factor, process_set, True))
+
+    @blocking
+    def reducescatter(self, tensor, name: Optional[str] = None, op=Average,
+                      process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0):
+        """Reduce ``tensor`` and return this rank's block of rows (rank r gets block r)."""
+        return self.run(self.start_reducescatter([tensor], name, op, prescale_factor, postscale_factor,
+                                                 process_set, False))
+
+    @blocking
+    def grouped_reducescatter(self, tensors: Sequence, name: Optional[str] = None, op=Average,
+                              process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                              postscale_factor: float = 1.0) -> list:
+        """Reduce-scatter a list of tensors as one group; returns a list."""
+        return self.run(self.start_reducescatter(list(tensors), name, op, prescale_factor, postscale_factor,
+                                                 process_set, True))
 
     # -- synchronisation -------------------------------------------------------------------------------------
     @blocking

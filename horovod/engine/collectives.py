@@ -63,23 +63,26 @@ def _ndim(tensor: HostOrDevice) -> int:
 
 
 def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *, process_set: int,
-             outputs: Optional[Sequence[Optional[HostOrDevice]]] = None, dtypes: Optional[Sequence[str]] = None,
-             op: int = ops.Sum, root: int = -1, prescale: float = 1.0, postscale: float = 1.0,
+             outputs: Optional[Sequence[Optional[HostOrDevice]]] = None,
+             dtypes: Optional[Sequence[Optional[str]]] = None, op: int = ops.Sum, root: int = -1,
+             prescale: float = 1.0, postscale: float = 1.0,
              splits: Optional[Sequence[Optional[Sequence[int]]]] = None, grouped: bool = False,
              finalize: Optional[Callable] = None) -> Handle:
-    runtime = _runtime()
+    runtime = state.runtime()
     handle = Handle(len(tensors), list(names), finalize)
     inline_limit = runtime.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
+    # Ranks agree on member names, so the first name keys the group on the coordinator.
+    group = (names[0], len(tensors)) if grouped and tensors else None
     entries = []
     for i, given in enumerate(tensors):
-        tensor = _contiguous(given)
-        dtype = ops.dtype_name(tensor, dtypes[i] if dtypes else None)
-        device = tensor.device if isinstance(tensor, DeviceArray) else -1
-        req = Request(rank=runtime.rank, name=names[i], kind=kind, dtype=dtype, shape=tuple(tensor.shape), op=op,
-                      root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
-                      # Ranks agree on member names, so the first name keys the group on the coordinator.
-                      group=(names[0], len(tensors)) if grouped else None,
-                      splits=_splits_of(splits, i), device=device)
+        # The bindings' views are C-contiguous numpy arrays already: the common case skips the conversion.
+        host = type(given) is np.ndarray and given.flags.c_contiguous
+        tensor = given if host else _contiguous(given)
+        req = Request(rank=runtime.rank, name=names[i], kind=kind,
+                      dtype=ops.dtype_name(tensor, dtypes[i] if dtypes else None), shape=tuple(tensor.shape),
+                      op=op, root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
+                      group=group, splits=_splits_of(splits, i) if splits else None,
+                      device=tensor.device if isinstance(tensor, DeviceArray) else -1)
         if tensor.nbytes <= inline_limit and isinstance(tensor, np.ndarray):   # not on a device
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
             req.payload = tensor.tobytes()
@@ -113,7 +116,7 @@ def _check_op(op: int, process_set: int, what: str = "allreduce") -> None:
 def allreduce_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op: int = ops.Average,
                     prescale: float = 1.0, postscale: float = 1.0, process_set: int = 0,
                     outputs: Optional[Sequence[Optional[HostOrDevice]]] = None,
-                    dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
+                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False) -> Handle:
     """Reduce each tensor across the process set (in place when ``outputs[i] is tensors[i]``)."""
     _check_op(op, process_set)
     return _enqueue(ops.ALLREDUCE, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes, op=op,
@@ -121,7 +124,7 @@ def allreduce_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op
 
 
 def allgather_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, process_set: int = 0,
-                    dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
+                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False) -> Handle:
     """Concatenate each tensor across ranks along dimension 0 (first dimensions may differ per rank)."""
     for t in tensors:
         if _ndim(t) == 0:
@@ -133,7 +136,7 @@ def allgather_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, pr
 
 def broadcast_async(tensors: Sequence[HostOrDevice], names: Sequence[str], root_rank: int, *, process_set: int = 0,
                     outputs: Optional[Sequence[Optional[HostOrDevice]]] = None,
-                    dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
+                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False) -> Handle:
     """Copy the root's tensors to every rank; ``root_rank`` is a global rank."""
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
         raise InvalidArgumentError(f"broadcast root_rank {root_rank!r} is invalid: expected an integer global rank.")
@@ -175,7 +178,7 @@ def alltoall_async(tensor: HostOrDevice, name: str, splits: Optional[Sequence[in
 
 def reducescatter_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op: int = ops.Average,
                         prescale: float = 1.0, postscale: float = 1.0, process_set: int = 0,
-                        dtypes: Optional[Sequence[str]] = None, grouped: bool = False) -> Handle:
+                        dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False) -> Handle:
     """Reduce across ranks and give rank r its block of rows (lower ranks get the extra rows)."""
     if op not in (ops.Sum, ops.Average):
         raise InvalidArgumentError(f"reducescatter supports only Sum and Average, got {ops.OP_NAMES.get(op, op)}.")

@@ -6,10 +6,6 @@ order.
 """
 from __future__ import annotations
 
-from typing import List
-
-import numpy as np
-
 from horovod.common.adapter import ArrayAdapter
 from horovod.common.basics import dump_flight_recorder  # noqa: F401,E402  (the hang doctor)
 from horovod.common.basics import (Adasum, Average, Max, Min, Product, Sum, ccl_built, cross_rank,  # noqa: F401
@@ -68,60 +64,21 @@ join = _collectives.join
 barrier = _collectives.barrier
 
 
-# -- the blocking forms that return new arrays -----------------------------------------------------------------
-@blocking
-def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-              process_set=global_process_set) -> np.ndarray:
-    """Reduce ``tensor`` across ranks (default: average) and return the result."""
-    return _collectives.synchronize(_collectives.allreduce_async(tensor, average, name, op, prescale_factor,
-                                                                 postscale_factor, process_set))
-
-
-@blocking
-def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                      process_set=global_process_set) -> List[np.ndarray]:
-    """Reduce a list of arrays as one atomic group; returns a list of new arrays."""
-    return _collectives.synchronize(_collectives.grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                                                         postscale_factor, process_set))
-
-
-@blocking
-def allgather(tensor, name=None, process_set=global_process_set) -> np.ndarray:
-    """Concatenate every rank's ``tensor`` along dimension 0."""
-    return _collectives.synchronize(_collectives.allgather_async(tensor, name, process_set))
-
-
-@blocking
-def grouped_allgather(tensors, name=None, process_set=global_process_set) -> List[np.ndarray]:
-    return _collectives.synchronize(_collectives.grouped_allgather_async(tensors, name, process_set))
-
-
-@blocking
-def broadcast(tensor, root_rank: int, name=None, process_set=global_process_set) -> np.ndarray:
-    """Return ``root_rank``'s ``tensor`` on every rank (a new array)."""
-    return _collectives.synchronize(_collectives.broadcast_async(tensor, root_rank, name, process_set))
+# -- the blocking forms that return new arrays: results returned directly, no integer handle -------------------
+allreduce = _collectives.allreduce
+grouped_allreduce = _collectives.grouped_allreduce
+allgather = _collectives.allgather
+grouped_allgather = _collectives.grouped_allgather
+broadcast = _collectives.broadcast
+reducescatter = _collectives.reducescatter
+grouped_reducescatter = _collectives.grouped_reducescatter
 
 
 @blocking
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Returns ``output`` when ``splits`` is None, else ``(output, received_splits)``."""
-    output, received = _collectives.synchronize(_collectives.alltoall_async(tensor, splits, name, process_set))
+    output, received = _collectives.run(_collectives.start_alltoall(tensor, splits, name, process_set))
     return output if splits is None else (output, received)
-
-
-@blocking
-def reducescatter(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
-                  postscale_factor=1.0) -> np.ndarray:
-    """Reduce ``tensor`` and return this rank's block of rows (rank r gets block r)."""
-    return _collectives.synchronize(_collectives.reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                                                     postscale_factor))
-
-
-@blocking
-def grouped_reducescatter(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0) -> List[np.ndarray]:
-    return _collectives.synchronize(_collectives.grouped_reducescatter_async(tensors, name, op, process_set,
-                                                                             prescale_factor, postscale_factor))
 
 
 # -- objects --------------------------------------------------------------------------------------------------

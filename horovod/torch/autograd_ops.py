@@ -23,6 +23,10 @@ from horovod.torch import engine_ops as _ops
 from horovod.torch.compression import Compression
 from horovod.engine.collectives import blocking
 
+# The shared path of every collective (horovod/common/binding_ops.py): the blocking forms below start their
+# operation and return its result directly, without an integer handle.
+_shared = _ops._collectives
+
 
 def _set_size(process_set: ProcessSet) -> int:
     return len(process_set.ranks)
@@ -47,8 +51,8 @@ class HorovodAllreduce(torch.autograd.Function):
         ctx.op = _ops.handle_average_backwards_compatibility(op, average)
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
         ctx.process_set = process_set
-        return _ops.synchronize(_ops.allreduce_async(tensor, None, name, ctx.op, prescale_factor,
-                                                     postscale_factor, process_set))
+        return _shared.run(_shared.start_allreduce([tensor], name, ctx.op, None, prescale_factor, postscale_factor,
+                                                   process_set, False, False))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -65,8 +69,8 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         ctx.op = _ops.handle_average_backwards_compatibility(op, average)
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
         ctx.process_set = process_set
-        return tuple(_ops.synchronize(_ops.grouped_allreduce_async(
-            list(tensors), None, name, ctx.op, prescale_factor, postscale_factor, process_set)))
+        return tuple(_shared.run(_shared.start_allreduce(list(tensors), name, ctx.op, None, prescale_factor,
+                                                         postscale_factor, process_set, False, True)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -93,9 +97,9 @@ def allreduce(tensor: torch.Tensor, average=None, name: Optional[str] = None, co
     Raises:
         HorovodInternalError: the ranks disagreed about the operation, or a peer failed.
     """
-    op = _ops.handle_average_backwards_compatibility(op, average)
+    # The forward settles ``op`` / ``average`` (once; the original passes both to it too).
     compressed, ctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, None, name, op, prescale_factor, postscale_factor, process_set)
+    reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
 
@@ -105,11 +109,11 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average=None, name: Optio
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
     """Reduce a list of tensors as one group (negotiated and fused together); differentiable."""
-    op = _ops.handle_average_backwards_compatibility(op, average)
     if not tensors:
+        _ops.handle_average_backwards_compatibility(op, average)   # a conflicting op / average still raises
         return []
     pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(None, name, op, prescale_factor, postscale_factor, process_set,
+    reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
                                             *[c for c, _ in pairs])
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
 
@@ -122,7 +126,7 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0] if tensor.dim() else 1
         ctx.process_set = process_set
-        return _ops.synchronize(_ops.allgather_async(tensor, name, process_set))
+        return _shared.run(_shared.start_allgather([tensor], name, process_set, False))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -139,7 +143,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.dims = [t.shape[0] if t.dim() else 1 for t in tensors]
         ctx.process_set = process_set
-        return tuple(_ops.synchronize(_ops.grouped_allgather_async(list(tensors), name, process_set)))
+        return tuple(_shared.run(_shared.start_allgather(list(tensors), name, process_set, True)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -176,7 +180,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _ops.synchronize(_ops.broadcast_async(tensor, root_rank, name, process_set))
+        return _shared.run(_shared.start_broadcast(tensor, root_rank, name, process_set, False))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -199,7 +203,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = _ops.synchronize(_ops.alltoall_async(tensor, splits, name, process_set))
+        output, received = _shared.run(_shared.start_alltoall(tensor, splits, name, process_set))
         ctx.received, ctx.process_set = received, process_set
         if splits is None:
             return output
@@ -236,8 +240,8 @@ class HorovodReducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set)
         ctx.process_set = process_set
-        return _ops.synchronize(_ops.reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                                         postscale_factor))
+        return _shared.run(_shared.start_reducescatter([tensor], name, op, prescale_factor, postscale_factor,
+                                                       process_set, False))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -254,8 +258,8 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set)
         ctx.process_set = process_set
-        return tuple(_ops.synchronize(_ops.grouped_reducescatter_async(
-            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+        return tuple(_shared.run(_shared.start_reducescatter(list(tensors), name, op, prescale_factor,
+                                                             postscale_factor, process_set, True)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
