@@ -66,9 +66,10 @@ def _calls(numpy_mod) -> List[Tuple[str, Callable[[], object]]]:
 def _avoid_idle_poll_deadlock() -> None:
     """At np = 1 the background thread's idle poll can take the drive lock just as a call enqueues, then keep
     driving for that call's in-flight entry, which only the caller (waiting for the lock in ``_run_alone``) can
-    execute: the call hangs (seen within seconds of back-to-back calls; reported, engine/runtime.py). Tell the
-    background thread that a lone process's in-flight entries never need it. Only the background thread's choice
-    changes; the calls measured take the same path."""
+    execute: the call hangs (seen within seconds of back-to-back calls). Fixed in engine/runtime.py in session 8;
+    kept so that ``--against`` an older checkout still runs: tell the background thread that a lone process's
+    in-flight entries never need it. Only the background thread's choice changes; the calls measured take the same
+    path."""
     from horovod.engine.runtime import Runtime
 
     original = Runtime._needs_background
