@@ -201,3 +201,32 @@ def assert_no_failures(reports: Sequence[Dict[str, Any]], minimum_checks: int = 
             lines.append(f"rank {r['rank']}: {r['failed']} of {r['checked']} checks failed")
             lines.extend("  " + item for item in r["items"][:60])
         raise AssertionError("\n".join(lines))
+
+
+class JobPerCombination:
+    """Runs one multi-process job per combination (binding, transport, world size...) for every case selected in
+    the session, and hands each test its case's per-rank reports. A job that fails fails every test of its
+    combination, naming the combination; a case a job did not run is a failure too.
+
+    Args:
+        describe: the combination as it reads in a message (the tests' id).
+    """
+
+    def __init__(self, describe: Callable[[Any], str]):
+        self._describe = describe
+        self._jobs: Dict[Any, object] = {}   # combo -> per-rank reports (dicts by case), or the job's exception
+
+    def reports(self, combo: Any, case: str, start: Callable[[], List[dict]]) -> List[dict]:
+        if combo not in self._jobs:
+            try:
+                self._jobs[combo] = start()
+            except BaseException as exc:  # noqa: BLE001  (every test of the combination reports the job's failure)
+                self._jobs[combo] = exc
+        result = self._jobs[combo]
+        if isinstance(result, BaseException):
+            raise AssertionError(f"the {self._describe(combo)} job failed, so {case} could not be checked") from result
+        assert isinstance(result, list)
+        missing = [r for r in result if case not in r]
+        assert not missing, f"the {self._describe(combo)} job did not run {case} (it ran {sorted(result[0])})"
+        return [r[case] for r in result]
+

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import pytest
 
 from binding_adapters import skip_reason
-from checks import assert_no_failures
+from checks import JobPerCombination, assert_no_failures
 from conformance_cases import CASES, conformance_job
 from engine_helpers import run, transport_skip_reason
 
@@ -41,7 +41,6 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MXNET_CPU_WORKER_
               "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"}
 JOB_TIMEOUT = 300.0
 
-_jobs: Dict[Tuple[str, str, int], object] = {}   # combo -> per-rank reports, or the exception the job raised
 
 
 def _transport_skip_reason(transport: str) -> Optional[str]:
@@ -64,6 +63,9 @@ def _combo_id(combo: Tuple[str, str, int]) -> str:
     return f"{combo[0]}-{combo[1]}-np{combo[2]}"
 
 
+_jobs = JobPerCombination(_combo_id)   # one job per combination; each test reads its case's reports
+
+
 def _case_skip_reason(binding: str, case: str) -> Optional[str]:
     _fn, dtype, inplace = CASES[case]
     return skip_reason(binding, dtype, inplace)
@@ -80,23 +82,16 @@ def _selected_cases(session, combo) -> List[str]:
 
 
 def _reports(request, combo, case: str) -> List[dict]:
-    if combo not in _jobs:
-        binding, transport, np_ = combo
+    binding, transport, np_ = combo
+
+    def start() -> List[dict]:
         names = _selected_cases(request.session, combo) or [case]
         # hierarchical (shared memory inside a host, TCP across hosts) needs two hosts: two names of this machine
         hosts = _two_hosts(np_) if transport == "hierarchical" else None
-        try:
-            _jobs[combo] = run(conformance_job, np_, transport, args=(binding, names), env=WORKER_ENV,
-                               timeout=JOB_TIMEOUT * (2 if binding == "jax-jit" else 1),   # compiles per case
-                               launcher="mpirun" if transport == "mpi" else "subprocess", hosts=hosts)
-        except BaseException as exc:  # noqa: BLE001  (every test of the combination reports the job's failure)
-            _jobs[combo] = exc
-    result = _jobs[combo]
-    if isinstance(result, BaseException):
-        raise AssertionError(f"the {_combo_id(combo)} job failed, so {case} could not be checked") from result
-    missing = [r for r in result if case not in r]
-    assert not missing, f"the {_combo_id(combo)} job did not run {case} (it ran {sorted(result[0])})"
-    return [r[case] for r in result]
+        return run(conformance_job, np_, transport, args=(binding, names), env=WORKER_ENV,
+                   timeout=JOB_TIMEOUT * (2 if binding == "jax-jit" else 1),   # compiles per case
+                   launcher="mpirun" if transport == "mpi" else "subprocess", hosts=hosts)
+    return _jobs.reports(combo, case, start)
 
 
 def _make_test(case: str):

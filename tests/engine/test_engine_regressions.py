@@ -211,7 +211,9 @@ def test_disable_group_fusion_keeps_groups_apart():
 
 
 # ------------------------------------------------------------------------------------------------ liveness
-def frozen_peer_worker(victim: int) -> dict:
+def frozen_peer_worker(victim: int, repeat: bool = False) -> dict:
+    """Rank ``victim`` stops itself between collectives; the others report what their next allreduce did.
+    ``repeat``: every allreduce has one name, so the others wait in a warm round (tests/engine/test_warm_path.py)."""
     import os
     import signal
     import time
@@ -225,11 +227,12 @@ def frozen_peer_worker(victim: int) -> dict:
     hvd.init()
     pids = hvd.allgather_object(os.getpid())
     for i in range(3):
-        hvd.allreduce(np.ones(4096, np.float32), name=f"warmup{i}", op=hvd.Sum)
+        hvd.allreduce(np.ones(4096, np.float32), name="w" if repeat else f"warmup{i}", op=hvd.Sum)
     if rank == victim:
         os.kill(os.getpid(), signal.SIGSTOP)  # frozen between collectives: alive, connected, silent
     start = time.monotonic()
-    handle = collectives.allreduce_async([np.ones(4096, np.float32)], ["allreduce.after_freeze"], op=hvd.Sum)
+    name = "allreduce.w" if repeat else "allreduce.after_freeze"
+    handle = collectives.allreduce_async([np.ones(4096, np.float32)], [name], op=hvd.Sum)
     try:
         handle.wait(timeout=12)  # six times HOROVOD_GLOO_TIMEOUT_SECONDS
         outcome = ("completed", "")

@@ -459,44 +459,11 @@ def test_a_rank_killed_while_the_others_wait_in_a_round_fails_them_naming_it(tra
         assert internal and "rank 2" in text, (rank, name, text)
 
 
-def warm_freeze_worker() -> dict:
-    import os
-    import signal
-    import time
-
-    import numpy as np
-
-    import horovod.numpy as hvd
-    from horovod.engine import collectives
-
-    rank = int(os.environ["HOROVOD_RANK"])
-    hvd.init()
-    pids = hvd.allgather_object(os.getpid())
-    x = np.ones(5000, np.float32)
-    for _ in range(3):
-        hvd.allreduce_(x, name="w", op=hvd.Sum)
-    if rank == 2:
-        os.kill(os.getpid(), signal.SIGSTOP)   # frozen: alive, connected, silent; the others wait in a round for it
-    start = time.monotonic()
-    handle = collectives.allreduce_async([x], ["allreduce.w"], op=hvd.Sum)
-    try:
-        handle.wait(timeout=15)
-        outcome = ("completed", "")
-    except TimeoutError:
-        outcome = ("hang", f"no error after {time.monotonic() - start:.0f} s")
-    except hvd.HorovodInternalError as exc:
-        outcome = ("HorovodInternalError", str(exc))
-    try:
-        os.kill(pids[2], signal.SIGKILL)   # release the harness
-    except ProcessLookupError:
-        pass
-    hvd.shutdown()
-    return {"outcome": outcome}
-
-
 def test_a_frozen_rank_while_the_others_wait_in_a_round_over_tcp_is_named():
-    results = _run(warm_freeze_worker, 3, "tcp", env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "3"}, timeout=90,
-                   expect_failure=True)
+    from test_engine_regressions import frozen_peer_worker
+
+    results = _run(frozen_peer_worker, 3, "tcp", args=(2, True), env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "3"},
+                   timeout=90, expect_failure=True)
     outcomes = {rank: value["outcome"] for rank, (status, value) in enumerate(results) if status == "ok"}
     assert set(outcomes) == {0, 1}, results
     for rank, (kind, text) in outcomes.items():

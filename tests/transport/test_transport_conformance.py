@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from checks import assert_no_failures
+from checks import JobPerCombination, assert_no_failures
 from multiproc import run_ranks
 from transport_cases import CASES, transport_job
 
@@ -35,7 +35,6 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 # (tcp's float16 overflow warning, tcp's late op check, hierarchical allgatherv's late buffer check).
 KNOWN_BUGS: Dict[Tuple[str, str], Tuple[str, Tuple[int, ...]]] = {}
 
-_jobs: Dict[Tuple[str, int], object] = {}   # combo -> per-rank reports, or the exception the job raised
 
 
 def _skip_reason(transport: str) -> Optional[str]:
@@ -56,6 +55,9 @@ def _combo_id(combo: Tuple[str, int]) -> str:
     return f"{combo[0]}-np{combo[1]}"
 
 
+_jobs = JobPerCombination(_combo_id)   # one job per combination; each test reads its case's reports
+
+
 def _selected_cases(session, combo) -> List[str]:
     """The cases of ``combo`` this pytest run selected, in catalogue order (the order they run in)."""
     wanted = set()
@@ -67,21 +69,13 @@ def _selected_cases(session, combo) -> List[str]:
 
 
 def _reports(request, combo, case: str) -> List[dict]:
-    if combo not in _jobs:
-        transport, np_ = combo
+    transport, np_ = combo
+
+    def start() -> List[dict]:
         names = _selected_cases(request.session, combo) or [case]
-        try:
-            _jobs[combo] = run_ranks(transport_job, np_, args=(transport, names), env=WORKER_ENV,
-                                     launcher=LAUNCHER[transport], linger=LAUNCHER[transport] != "mpirun",
-                                     timeout=JOB_TIMEOUT)
-        except BaseException as exc:  # noqa: BLE001  (every test of the combination reports the job's failure)
-            _jobs[combo] = exc
-    result = _jobs[combo]
-    if isinstance(result, BaseException):
-        raise AssertionError(f"the {_combo_id(combo)} job failed, so {case} could not be checked") from result
-    missing = [r for r in result if case not in r]
-    assert not missing, f"the {_combo_id(combo)} job did not run {case} (it ran {sorted(result[0])})"
-    return [r[case] for r in result]
+        return run_ranks(transport_job, np_, args=(transport, names), env=WORKER_ENV, launcher=LAUNCHER[transport],
+                         linger=LAUNCHER[transport] != "mpirun", timeout=JOB_TIMEOUT)
+    return _jobs.reports(combo, case, start)
 
 
 def _params(case: str) -> list:
