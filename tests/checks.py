@@ -216,6 +216,16 @@ class JobPerCombination:
         self._describe = describe
         self._jobs: Dict[Any, object] = {}   # combo -> per-rank reports (dicts by case), or the job's exception
 
+    @staticmethod
+    def selected(session: Any, combo: Any) -> set:
+        """The cases this pytest run selected for ``combo`` (tests named ``test_<case>``, parametrized by combo)."""
+        wanted = set()
+        for item in session.items:
+            spec = getattr(item, "callspec", None)
+            if spec is not None and spec.params.get("combo") == combo and item.originalname.startswith("test_"):
+                wanted.add(item.originalname[len("test_"):])
+        return wanted
+
     def reports(self, combo: Any, case: str, start: Callable[[], List[dict]]) -> List[dict]:
         if combo not in self._jobs:
             try:

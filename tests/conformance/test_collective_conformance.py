@@ -73,11 +73,7 @@ def _case_skip_reason(binding: str, case: str) -> Optional[str]:
 
 def _selected_cases(session, combo) -> List[str]:
     """The cases of ``combo`` this pytest run selected and the binding can run, in catalogue order."""
-    wanted = set()
-    for item in session.items:
-        spec = getattr(item, "callspec", None)
-        if spec is not None and spec.params.get("combo") == combo and item.originalname.startswith("test_"):
-            wanted.add(item.originalname[len("test_"):])
+    wanted = JobPerCombination.selected(session, combo)
     return [name for name in CASES if name in wanted and _case_skip_reason(combo[0], name) is None]
 
 

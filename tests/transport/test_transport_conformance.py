@@ -60,11 +60,7 @@ _jobs = JobPerCombination(_combo_id)   # one job per combination; each test read
 
 def _selected_cases(session, combo) -> List[str]:
     """The cases of ``combo`` this pytest run selected, in catalogue order (the order they run in)."""
-    wanted = set()
-    for item in session.items:
-        spec = getattr(item, "callspec", None)
-        if spec is not None and spec.params.get("combo") == combo and item.originalname.startswith("test_"):
-            wanted.add(item.originalname[len("test_"):])
+    wanted = JobPerCombination.selected(session, combo)
     return [name for name in CASES if name in wanted]
 
 
