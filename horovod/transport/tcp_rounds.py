@@ -96,7 +96,7 @@ class TcpRoundBoard:
         self._acc = np.zeros(self.words, dtype=np.uint64)
         self._length = 0
         self._closed = False
-        self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0   # diagnostics and benchmarks
+        self.frames_out = self.bytes_out = 0   # what this rank sent (benchmarks/round_boards.py)
 
     # -- the board interface (as ShmRoundBoard) ------------------------------------------------------------------
 
@@ -155,9 +155,6 @@ class TcpRoundBoard:
                     sock.close()
                 except OSError:
                     pass
-
-    def release(self) -> None:
-        self.close()
 
     # -- the protocol --------------------------------------------------------------------------------------------
 
@@ -267,11 +264,10 @@ class TcpRoundBoard:
             if len(buf) - start < header + nbytes:
                 break
             body = start + header
-            self.frames_in += 1
-            self.bytes_in += header + nbytes
             self._highest = max(self._highest, round_no)
-            if tag != CALL:
-                self._inbox[(round_no, tag)] = np.frombuffer(bytes(buf[body:body + nbytes]), dtype=np.uint64)
+            if tag != CALL:   # one copy out of the buffer (whose front is dropped below)
+                self._inbox[(round_no, tag)] = np.frombuffer(buf, dtype=np.uint64, count=nbytes // 8,
+                                                             offset=body).copy()
             start = body + nbytes
         if start:
             del buf[:start]
