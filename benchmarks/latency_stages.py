@@ -53,7 +53,7 @@ def worker(pattern: str, calls: int, out: str) -> None:
     import horovod.numpy as hvd
     from horovod.common import basics
     from horovod.engine import controller, fast_lane
-    from horovod.transport import shm_lane
+    from horovod.engine import lane_board as shm_lane
 
     clock = time.perf_counter_ns
     current: Dict[str, int] = {}
@@ -85,7 +85,7 @@ def worker(pattern: str, calls: int, out: str) -> None:
     stamp_around(controller.ControlPlane, "broadcast", "resp_sent", after=False)
     stamp_around(controller.ControlPlane, "receive", "received", after=True)
     hvd.init()
-    selector = basics.runtime()._selector
+    selector = basics.runtime().state.selector
     plain_select = selector.select
 
     def select(timeout=None):

@@ -1,6 +1,6 @@
 """The warm path's AND across hosts over real sockets: N ranks' ``TcpRoundBoard``s in one process.
 
-Each simulated rank has the engine's own :class:`horovod.transport.tcp_rounds.TcpRoundBoard`, connected to its
+Each simulated rank has the engine's own :class:`horovod.engine.tcp_round_board.TcpRoundBoard`, connected to its
 log2(N) partners by Unix socket pairs (the same frames and system calls as TCP, without the network). Rank 0 runs
 in a forked process of its own, driven as the engine's drive loop drives it (post, drain whichever partner socket
 is readable, take the result); this process drives the other N - 1 ranks the same way. Reported per round:
@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._lib.report import write_json  # noqa: E402
-from horovod.transport.tcp_rounds import TcpRoundBoard, partners  # noqa: E402
+from horovod.engine.tcp_round_board import TcpRoundBoard, partners  # noqa: E402
 
 
 def _connect(n: int) -> List[Dict[int, socket.socket]]:

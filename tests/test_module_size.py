@@ -1,7 +1,7 @@
-"""No module of the package is over 500 lines: small modules with one job (beside tests/test_layering.py).
+"""No module of the package is over 500 lines: small modules with one job (beside tests/test_layering.py); the
+runtime stays a small face over its parts; the core layers (transport, engine, common) keep within a line budget.
 
-Also prints the size of the core layers (transport, engine, common), to watch them (``pytest -s`` or ``-rA``
-shows it; ``python tests/test_module_size.py`` prints the table).
+``python tests/test_module_size.py`` prints the largest modules and the core layers' sizes.
 """
 from __future__ import annotations
 
@@ -12,11 +12,15 @@ PACKAGE = os.path.join(REPO, "horovod")
 LIMIT = 500
 CORE = ("transport", "engine", "common")
 
+# Modules held below the general limit: the runtime builds the engine's parts and is their public face; work that
+# grows it belongs in a part (horovod/engine/drive.py, intake.py, ...).
+TIGHTER = {"horovod/engine/runtime.py": 300}
+# The core layers together. Every engine feature costs lines here; raise the budget deliberately, in the commit
+# that needs it, saying why.
+CORE_BUDGET = 15200
+
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {
-    # The runtime after the warm path and the hang doctor's hooks (session 7; its job links moved to job.py in 8):
-    # its set-up (selectors, lane, warm path, parts) and the drive loop are the two jobs to split it into, next.
-    "horovod/engine/runtime.py": 660,
     # One class (the elastic driver's event loop and worker bookkeeping); splitting it needs its own change.
     "horovod/runner/elastic/driver.py": 575,
 }
@@ -40,11 +44,17 @@ def _core_totals(sizes: dict) -> dict:
 
 def test_no_module_is_over_the_limit():
     sizes = _sizes()
-    over = {p: n for p, n in sizes.items() if n > ALLOWED.get(p, LIMIT)}
+    over = {p: n for p, n in sizes.items() if n > TIGHTER.get(p, ALLOWED.get(p, LIMIT))}
     assert not over, (f"modules over {LIMIT} lines (or over their allowance in ALLOWED): {over}; split them by job "
                       f"(see CONTRIBUTING.md)")
-    totals = _core_totals(sizes)
-    print(f"core layers: {', '.join(f'{k} {v}' for k, v in totals.items())}; total {sum(totals.values())} lines")
+
+
+def test_the_core_layers_keep_their_line_budget():
+    totals = _core_totals(_sizes())
+    total = sum(totals.values())
+    assert total <= CORE_BUDGET, (
+        f"the core layers ({', '.join(f'{k} {v}' for k, v in totals.items())}) total {total} lines, over their "
+        f"budget of {CORE_BUDGET}: fold what duplicates, or raise CORE_BUDGET in tests/test_module_size.py saying why")
 
 
 def test_the_allowances_are_still_needed():

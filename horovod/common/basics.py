@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from horovod.common import mpi_abort
 from horovod.common.process_sets import ProcessSet, global_process_set, registered_process_sets
@@ -161,18 +161,18 @@ def dump_flight_recorder(reason: str = "requested", all_ranks: bool = False) -> 
     Raises:
         ValueError: Horovod is not initialised.
     """
-    rt = runtime()
-    path = flight_dump.dump(rt, reason)
+    engine = runtime().state
+    path = flight_dump.dump(engine, reason)
     if all_ranks:
-        flight_dump.request_all(rt, reason)
+        flight_dump.request_all(engine, reason)
     return path
 
 
 def _attach_flight_recorder(rt, generation: int) -> None:
     # Elastic jobs number their dumps by epoch (every rank of an epoch agrees on it); others by init count.
     epoch = getattr(getattr(rt, "epoch", None), "epoch", None)
-    rt.flight_generation = epoch if isinstance(epoch, int) else generation
-    flight_dump.announce(rt, _install_dump_signal())
+    rt.state.flight_generation = epoch if isinstance(epoch, int) else generation
+    flight_dump.announce(rt.state, _install_dump_signal())
 
 
 _signal_installed = False
@@ -222,11 +222,11 @@ os.register_at_fork(after_in_child=_new_lock_in_forked_child)
 
 
 def _running() -> Optional[Runtime]:
-    """The running engine or None, typed (``engine.state`` holds it as ``object`` to avoid importing the runtime)."""
-    return cast("Optional[Runtime]", _state.current)
+    """The running engine or None."""
+    return _state.current
 
 
-def runtime():
+def runtime() -> Runtime:
     """The running engine.
 
     Raises:

@@ -11,20 +11,18 @@ import importlib
 import logging
 import secrets
 import socket
-from typing import Optional, Sequence
+from typing import Sequence
 
-import numpy as np
 
 from horovod.engine import config as _config
-from horovod.engine import membership
+from horovod.engine import boards, membership
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
 from horovod.engine.job import JobLinks
 from horovod.engine.runtime import Runtime
-from horovod.engine.timeline import Timeline
 from horovod.transport import sockets
 from horovod.transport.cpus import bind_process
-from horovod.transport.base import MIN, REGISTRY, Bootstrap, LocalTransport, RoundBoard, TransportOptions
+from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport, TransportOptions
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +174,7 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
         control.close()
         raise
     try:
-        board = _round_board(config, world, boot)
+        board = boards.round_board(config, world, boot)
     except Exception:
         world.close()
         control.close()
@@ -185,25 +183,6 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
     job = JobLinks(store=store, epoch=epoch, rendezvous_server=rendezvous_server, mpi_comm=mpi_comm)
     return Runtime(config, rank, size, world, control, process_sets, job, transport_name=name,
                    round_board=board).start()
-
-
-def _round_board(config: Config, world, boot: Bootstrap) -> Optional[RoundBoard]:
-    """The warm path's round board: the world transport's own (shared memory on one host), else, for a job that spans
-    hosts, one over TCP among every rank's log2(size) partners (:mod:`horovod.transport.tcp_rounds`) when every rank
-    agrees to use rounds (a response cache, and no timeline recorded from the start: the timeline shows every
-    negotiation).
-
-    A job of one host on the tcp or mpi transport keeps the coordinator: there a lone tiny allreduce costs one round
-    trip to rank 0 (reduced inline), against a round plus a data-plane collective warm (~40 µs more at np = 2), and
-    one host never has the ranks that make the coordinator the bottleneck."""
-    board = world.round_board()
-    if board is not None or boot.size < 2 or boot.local_size == boot.size:
-        return board
-    from horovod.transport.tcp_rounds import connect_round_board
-
-    wants = np.array([int(config.cache_capacity > 0 and not Timeline.records(config, boot.rank))], dtype=np.int32)
-    world.allreduce(wants, MIN)   # collective: every rank builds the board, or none
-    return connect_round_board(boot) if wants[0] else None
 
 
 def _mpi_bind_address(comm, one_host: bool, iface: str) -> str:

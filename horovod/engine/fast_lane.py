@@ -2,7 +2,7 @@
 
 The coordinator path costs a tiny allreduce two control-plane hops with Python at both ends of each; a rank that
 has just computed for a while also has to be woken for each hop. On one host the ranks can do better: each posts
-its request's digest and its bytes on a board in shared memory (:mod:`horovod.transport.shm_lane`), and when every
+its request's digest and its bytes on a board in shared memory (:mod:`horovod.engine.lane_board`), and when every
 rank posted the same digest for the same lane number, each reduces all the payloads itself, in rank order, with
 the coordinator's own arithmetic (:func:`horovod.engine.negotiation.reduce_inline`), so every rank gets the bytes
 the coordinator would have sent. Anything else (a different tensor, a mismatch, a rank busy with other work) makes
@@ -21,18 +21,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from horovod.engine import ops
-from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
-from horovod.engine.executor import deliver_inline
-from horovod.engine.handles import Entry
+from horovod.engine.lane_board import ShmLane
 from horovod.engine.messages import Request
 from horovod.engine.negotiation import reduce_inline
-from horovod.transport.base import TransportError
-
-if TYPE_CHECKING:
-    from horovod.engine.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +42,7 @@ class FastLane:
     """This rank's use of the fast-lane board.
 
     Args:
-        board: the transport's board (:class:`horovod.transport.shm_lane.ShmLane`).
+        board: the board in the shm world group's segments (:class:`horovod.engine.lane_board.ShmLane`).
         size: ranks in the job (the global process set).
         stall_warning_s: seconds of waiting before a warning names the ranks that have not arrived (0: never).
         stall_shutdown_s: seconds of waiting after which the engine fails with a StallError (0: never).
@@ -64,13 +58,10 @@ class FastLane:
         self.on_stall: Optional[Callable[[], None]] = None   # [hang doctor] called with the stall warning
 
     @classmethod
-    def open(cls, world, config, size: int, spin_us: float) -> Optional["FastLane"]:
-        """The lane of this engine, or None when the transport has none or it is turned off here (then this rank
-        closes its board, so that the others never wait for its entries)."""
-        if size < 2:
-            return None
-        board = world.lane(spin_us)
-        if board is None:
+    def open(cls, board: Optional[ShmLane], config, size: int) -> Optional["FastLane"]:
+        """The lane of this engine over ``board``, or None when there is no board or the lane is turned off here
+        (then this rank closes its board, so that the others never wait for its entries)."""
+        if size < 2 or board is None:
             return None
         if not config.fast_lane:
             board.close()
@@ -159,64 +150,3 @@ class FastLane:
             raw = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
             digest = self._digests[key] = int.from_bytes(raw, "little", signed=True)
         return digest
-
-
-class LaneUse:
-    """The runtime's side of the lane: posting every request, deciding a proposal (a part of
-    :class:`horovod.engine.runtime.Runtime`).
-
-    Args:
-        rt: the engine whose state this part works on.
-    """
-
-    def __init__(self, rt: "Runtime"):
-        self.rt = rt
-
-    def _post_on_lane(self, requests: List[Request], attended: bool) -> int:
-        """Under ``_lock``: propose a lone blocking tiny allreduce (returns its lane number, holding the drive
-        lock), or post slow entries for the requests (returns 0)."""
-        lane = self.rt._lane
-        assert lane is not None, "called only with a fast lane"
-        if (attended and len(requests) == 1 and not self.rt._inflight and not self.rt._outbox and not self.rt._held
-                and lane.eligible(requests[0]) and not self.rt.timeline.enabled
-                # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
-                # and a rank that passes it where another passes the global set posts no entry the proposer could
-                # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
-                and all(len(info.ranks) == self.rt.size for info in self.rt.sets.values())
-                and self.rt._drive.acquire(blocking=False)):
-            seq = lane.propose(requests[0])
-            if not seq:
-                self.rt._drive.release()
-            return seq
-        lane.note(requests, [sid for sid, info in self.rt.sets.items() if len(info.ranks) == self.rt.size])
-        return 0
-
-    def _settle_on_lane(self, seq: int, entry: Entry) -> bool:
-        """Decide lane number ``seq`` (holding the drive lock); True when the entry's handle is done with it
-        (reduced here, or failed with the engine), False when it goes to the coordinator."""
-        req = entry.request
-        lane = self.rt._lane
-        assert lane is not None, "called only with a fast lane"
-        try:
-            outcome, result = lane.settle(seq, req, lambda: self.rt._guarded_step(0.0))
-            if outcome == "slow":
-                return False
-            if outcome == "stalled":
-                self.rt._die(StallError(f"Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: allreduce "
-                                     f"'{req.name}' waited for ranks {lane.board.missing(seq)}. "
-                                     f"{SHUTDOWN_MESSAGE}"), notify=True)
-            if outcome != "fast":
-                return True   # the engine finished while waiting: the handle failed with it
-            output = deliver_inline(entry, cast(bytes, result), req.dtype, req.shape)
-            self.rt.recorder.lane_done(req)   # [hang doctor]
-            with self.rt._lock:
-                self.rt._inflight.pop((req.process_set, req.name), None)
-            entry.handle.complete(entry.index, output)
-            return True
-        except (TransportError, OSError) as exc:
-            self.rt._die_of_peer_failure(exc)
-            return True
-        finally:
-            self.rt._drive.release()
-            if self.rt._needs_background():
-                self.rt._call_background()

@@ -159,7 +159,7 @@ def dump(runtime: Any, reason: str) -> Optional[str]:
             "collectives_enqueued": recorder.count, "recorder_capacity": recorder.capacity,
             "collectives": [] if child else recorder.snapshot(),
             "coordinator": None if child else _coordinator_view(runtime),
-            "dead": None if runtime._dead is None else str(runtime._dead),
+            "dead": None if runtime.dead is None else str(runtime.dead),
             "threads": thread_stacks(),
         }
         path = _write(record, directory(config), record["generation"], runtime.rank)

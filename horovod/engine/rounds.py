@@ -7,7 +7,7 @@ that slot next to the signature of its own request (:class:`ResponseCache`). Whe
 signature sits in a slot, it does not send anything: it sets the slot's bit in its vector of the next *round*.
 
 Every rank takes part in each round: it posts its vector — hit bits, its cache version, status flags — on the
-round board (:mod:`horovod.transport.shm_rounds` on one host, :mod:`horovod.transport.tcp_rounds` across hosts)
+round board (:mod:`horovod.engine.shm_round_board` on one host, :mod:`horovod.engine.tcp_round_board` across hosts)
 and ANDs everyone's. A bit set in the AND is a tensor every rank
 has issued with the very request that was validated the last time: each rank takes the cached responses of those
 slots in slot order, fuses them with the same threshold and runs them, exactly as if the coordinator had sent

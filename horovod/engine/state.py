@@ -6,15 +6,18 @@ engine has to import the layer above it.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:   # the runtime never imports this module, so this is no ring
+    from horovod.engine.runtime import Runtime
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 #: The running engine (a :class:`horovod.engine.runtime.Runtime`), or ``None``.
-current: Optional[object] = None
+current: Optional["Runtime"] = None
 
 
-def runtime():
+def runtime() -> "Runtime":
     """The running engine.
 
     Raises:

@@ -1,21 +1,19 @@
 """How an engine ends: an orderly leave, a failure (the first reason wins and is relayed), releasing every resource.
 
-A part of :class:`horovod.engine.runtime.Runtime`: it fails pending handles with the reason, tells the other ranks
-(rank 0 relays to everyone), reports which rank it saw fail, and closes connections, transports and files.
+A part of the engine, over its :class:`~horovod.engine.engine_state.EngineState`: it fails pending handles with
+the reason, tells the other ranks (rank 0 relays to everyone), reports which rank it saw fail, and closes
+connections, transports and files.
 """
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 
 from horovod.engine import flight_dump
+from horovod.engine.engine_state import EngineState
 from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError, ShutdownError
 from horovod.engine.messages import ControlMessage
 from horovod.transport.sockets import PeerError
-
-if TYPE_CHECKING:
-    from horovod.engine.runtime import Runtime
 
 logger = logging.getLogger("horovod.engine.runtime")
 
@@ -27,64 +25,73 @@ class Teardown:
     """Leaving and failing (see the module docstring).
 
     Args:
-        rt: the engine whose state this part works on.
+        state: the engine's state.
     """
 
-    def __init__(self, rt: "Runtime"):
-        self.rt = rt
+    def __init__(self, state: EngineState):
+        self.state = state
 
-    def _leave(self, reason: str) -> None:
+    def leave(self, reason: str) -> None:
         """Orderly shutdown requested on this rank: tell the others, fail what is pending."""
-        if self.rt.coordinator is not None:
-            self.rt.control.broadcast(ControlMessage(shutdown=True, reason=reason))
-        elif 0 in self.rt.control.peers:
+        if self.state.coordinator is not None:
+            self.state.control.broadcast(ControlMessage(shutdown=True, reason=reason))
+        elif 0 in self.state.control.peers:
             try:
-                self.rt.control.send(0, ControlMessage(shutdown=True, reason=reason))
+                self.state.control.send(0, ControlMessage(shutdown=True, reason=reason))
             except PeerError:
                 pass
         self._fail_pending(ShutdownError(reason))
-        self._close_lane()
+        self.close_lane()
 
-    def _close_lane(self) -> None:
+    def close_lane(self) -> None:
         """No more fast-lane entries from this rank: the others decide its missing ones as slow; no more rounds."""
-        if self.rt._lane is not None:
-            self.rt._lane.close()
-        if self.rt._warm is not None:
-            self.rt._warm.close()
+        if self.state.lane is not None:
+            self.state.lane.close()
+        if self.state.warm is not None:
+            self.state.warm.close()
 
-    def _die(self, error: BaseException, notify: bool) -> None:
-        with self.rt._lock:
-            first = self.rt._dead is None
+    def die(self, error: BaseException, notify: bool) -> None:
+        with self.state.lock:
+            first = self.state.dead is None
             if first:
-                self.rt._dead = error
+                self.state.dead = error
         if first and isinstance(error, PeerFailureError) and error.culprit is not None:
             self._report_culprit(error)
         if first and not isinstance(error, ShutdownError):   # [hang doctor] before pending handles fail
-            flight_dump.dump_once(self.rt, f"engine failed: {error}", "failure")
+            flight_dump.dump_once(self.state, f"engine failed: {error}", "failure")
         if notify:
             failure = isinstance(error, PeerFailureError)
             message = ControlMessage(shutdown=True, failure=failure, reason=str(error))
-            if self.rt.coordinator is not None:
-                self.rt.control.broadcast(message)
-            elif 0 in self.rt.control.peers:
+            if self.state.coordinator is not None:
+                self.state.control.broadcast(message)
+            elif 0 in self.state.control.peers:
                 try:
-                    self.rt.control.send(0, message)
+                    self.state.control.send(0, message)
                 except PeerError:
                     pass
         self._fail_pending(error)
-        self._close_all()
+        self.close_all()
+
+    def die_of_peer_failure(self, exc: BaseException) -> None:
+        """Fail the engine because a peer or the link to it failed, naming that rank when the error does."""
+        peer = getattr(exc, "peer", None)
+        culprit = peer if isinstance(peer, int) and not isinstance(peer, bool) else None
+        self.die(PeerFailureError(
+            f"Horovod detected that a peer failed during a collective on rank {self.state.rank}: {exc}. Check the "
+            f"other ranks' output for the original error; in elastic mode the job will reset.", culprit=culprit),
+            notify=True)
 
     def _report_culprit(self, error: PeerFailureError) -> None:
         """Tell the launcher which rank this one saw fail: it may be frozen rather than exited, and the rank that
         exits first is then only a witness (best effort, at most a second)."""
-        store = self.rt.store
+        store = self.state.job.store
         if store is None or not hasattr(store, "put"):
             return
         record = f"{error.culprit}|{str(error).split(SHUTDOWN_MESSAGE)[0].strip()}".encode()
 
         def report() -> None:
             try:
-                store.put(CULPRIT_SCOPE, str(self.rt.rank), record)
+                store.put(CULPRIT_SCOPE, str(self.state.rank), record)
             except (OSError, ValueError):
                 pass   # the launcher is gone or unreachable: the workers' own messages still say it
 
@@ -93,48 +100,44 @@ class Teardown:
         thread.join(1.0)
 
     def _fail_pending(self, error: BaseException) -> None:
-        with self.rt._lock:
-            entries = list(self.rt._inflight.values())
-            self.rt._inflight.clear()
-            if self.rt._dead is None:
-                self.rt._dead = error
+        with self.state.lock:
+            entries = list(self.state.inflight.values())
+            self.state.inflight.clear()
+            if self.state.dead is None:
+                self.state.dead = error
         for entry in entries:
             entry.handle.fail(type(error)(str(error)))
 
-    def _close_all(self) -> None:
-        if self.rt._closed:
+    def close_all(self) -> None:
+        if self.state.closed:
             return
-        self.rt._closed = True
-        self._close_lane()
-        self.rt.liveness.stop()
-        if self.rt.autotuner is not None:
-            self.rt.autotuner.close()
-        self.rt.timeline.close()
-        self.rt.control.close()
+        self.state.closed = True
+        self.close_lane()
+        self.state.liveness.stop()
+        if self.state.autotuner is not None:
+            self.state.autotuner.close()
+        self.state.timeline.close()
+        self.state.control.close()
         try:
             # After an orderly shutdown the GPU finishes what was enqueued; after a failure NCCL is aborted, so no
             # kernel waits for a dead peer.
-            self.rt.executor.close(abort=not isinstance(self.rt._dead, ShutdownError))
+            self.state.executor.close(abort=not isinstance(self.state.dead, ShutdownError))
         except Exception:
             logger.debug("closing the device data plane failed", exc_info=True)
-        for info in list(self.rt.sets.values()):
-            if info.transport is not None and info.transport is not self.rt.world:
+        for info in list(self.state.sets.values()):
+            if info.transport is not None and info.transport is not self.state.world:
                 try:
                     info.transport.close()
                 except Exception:  # closing must not mask the original error
                     logger.debug("closing a process-set transport failed", exc_info=True)
         try:
-            self.rt.world.close()
+            self.state.world.close()
         except Exception:
             logger.debug("closing the world transport failed", exc_info=True)
-        if self.rt.rendezvous_server is not None:
-            self.rt.rendezvous_server.stop()
+        if self.state.job.rendezvous_server is not None:
+            self.state.job.rendezvous_server.stop()
         try:
-            self.rt._selector.close()   # whoever closes holds the drive lock or runs after every driver stopped
+            self.state.selector.close()   # whoever closes holds the drive lock or runs after every driver stopped
         except (OSError, ValueError):
             pass
-        for s in (self.rt._wake_r, self.rt._wake_w):
-            try:
-                s.close()
-            except OSError:
-                pass
+        self.state.wakeup.close()

@@ -26,7 +26,7 @@ from typing import Callable, Deque, Dict, List, Optional
 from horovod.engine import ops
 from horovod.engine.messages import ControlMessage, Request, Response
 from horovod.engine.rounds import HEADER_WORDS, RoundState, fenced
-from horovod.transport.base import RoundBoard
+from horovod.engine.boards import RoundBoard
 from horovod.transport.sockets import PeerError
 
 logger = logging.getLogger(__name__)

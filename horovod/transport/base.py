@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import copy
 import dataclasses
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -57,45 +57,6 @@ class Finish(Protocol):
 
     def copyto(self, dst: np.ndarray, src: np.ndarray) -> None:
         """Write the finished values of ``src`` into ``dst`` (``np.copyto``'s argument order)."""
-
-
-class RoundBoard(Protocol):
-    """Where the ranks AND a short vector of uint64 words once per engine round, without blocking (the engine's
-    warm path): :class:`horovod.transport.shm_rounds.ShmRoundBoard` on one host,
-    :class:`horovod.transport.tcp_rounds.TcpRoundBoard` across hosts."""
-
-    words: int
-    #: Whether rounds complete only as other ranks pass frames on (they must keep driving until it is done).
-    relayed: bool
-
-    @property
-    def fds(self) -> List[int]:
-        """File descriptors that become readable when the board may have moved (call :meth:`drain` then)."""
-
-    def drain(self, fd: int) -> None:
-        """Take in what woke ``fd``."""
-
-    def post(self, round_no: int, vector: np.ndarray) -> None:
-        """Post this rank's vector of ``round_no`` (rounds are numbered 1, 2, ... and posted in order)."""
-
-    def highest(self) -> int:
-        """The latest round any rank is known to have posted."""
-
-    def complete(self, round_no: int) -> bool:
-        """Whether every rank's vector of ``round_no`` is in."""
-
-    def result(self, round_no: int, length: int, out: np.ndarray) -> bool:
-        """The AND of ``round_no``'s first ``length`` words into ``out``; False while it is not complete."""
-
-    def set_waiting(self, waiting: bool) -> None:
-        """This rank is about to sleep in its selector (a board that wakes sleepers needs to know)."""
-
-    @property
-    def closed(self) -> bool:
-        """Whether some rank takes no part in rounds."""
-
-    def close(self) -> None:
-        """Stop taking part."""
 
 
 class TransportError(RuntimeError):
@@ -175,16 +136,6 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def subgroup(self, ranks: Sequence[int]) -> "Transport":
         """A transport over ``ranks`` (group ranks, sorted) of this group; the caller must be one of them."""
-
-    def lane(self, spin_us: float) -> Optional[Any]:
-        """A fast-lane board on which the ranks agree on tiny collectives without the coordinator
-        (:class:`horovod.transport.shm_lane.ShmLane`), or None where the transport has none."""
-        return None
-
-    def round_board(self) -> Optional[RoundBoard]:
-        """A board on which every rank of the group ANDs a short vector of uint64 words once per engine round
-        (:class:`horovod.transport.shm_rounds.ShmRoundBoard`), or None where the transport has none."""
-        return None
 
     def close(self) -> None:  # noqa: B027  (a no-op by default: LocalTransport holds nothing to release)
         """Release sockets, segments and threads.  Idempotent."""

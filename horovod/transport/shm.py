@@ -46,8 +46,6 @@ import numpy as np
 
 from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, Finish, TransportError, check_op, register
 from horovod.transport.shm_group import ShmGroup
-from horovod.transport.shm_lane import ShmLane
-from horovod.transport.shm_rounds import ShmRoundBoard
 from horovod.transport.shm_node import IO_CHUNK, LENGTH, LINE_BYTES, Node, new_segment_fd, segment_layout
 
 _TSO_MACHINES = {"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"}
@@ -87,24 +85,6 @@ class ShmTransport(ShmGroup):
     """
 
     name = "shm"
-
-    def lane(self, spin_us: float) -> Optional[ShmLane]:
-        """The fast-lane board of the world group (:mod:`horovod.transport.shm_lane`); None for a subgroup or a
-        group of one."""
-        if self is not self._node.world or self.size == 1 or not self._ready:
-            return None
-        if self.lane_board is None:
-            self.lane_board = ShmLane(self, spin_us)
-        return self.lane_board
-
-    def round_board(self) -> Optional[ShmRoundBoard]:
-        """The round board of the world group (:mod:`horovod.transport.shm_rounds`); None for a subgroup or a
-        group of one."""
-        if self is not self._node.world or self.size == 1 or not self._ready:
-            return None
-        if self.rounds_board is None:
-            self.rounds_board = ShmRoundBoard(self)
-        return self.rounds_board
 
     # -- collectives -------------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import mmap
 import os
 import select
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -19,11 +19,14 @@ from horovod.transport.base import Transport, TransportError
 from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, LINE_BYTES, MAGIC, ONE, POLL_DEAD, Node, map_segment,
                                         new_segment_fd, recv_msg, segment_layout, send_msg)
 
-if TYPE_CHECKING:  # both modules import this one
-    from horovod.transport.shm_lane import ShmLane
-    from horovod.transport.shm_rounds import ShmRoundBoard
-
 logger = logging.getLogger(__name__)
+
+
+class Releasable(Protocol):
+    """Something holding views into a group's segments (:meth:`ShmGroup.attach`)."""
+
+    def release(self) -> None:
+        """Drop every view into the segments."""
 
 
 def _write_wakes(fds: Sequence[int]) -> None:
@@ -53,8 +56,8 @@ class ShmGroup(Transport):
         self._seq = 0
         self._rounds = 0
         self._free_at = [0, 0]
-        self.lane_board: Optional[ShmLane] = None   # the world group's fast lane, once the engine asked for it (shm.py)
-        self.rounds_board: Optional[ShmRoundBoard] = None   # the world group's round board, likewise
+        # Objects holding views into this group's segments (the engine's boards): released before unmapping.
+        self._attached: List[Releasable] = []
         self._maps: List[mmap.mmap] = []
         self._typed_cache: Dict[Tuple[np.dtype, int], List[np.ndarray]] = {}
         self._sub_cache: Dict[Tuple[np.dtype, int], List[List[np.ndarray]]] = {}
@@ -132,6 +135,22 @@ class ShmGroup(Transport):
     def segment_maps(self) -> List[mmap.mmap]:
         """Every member's segment, by group rank (own writable, the others read-only)."""
         return list(self._maps)
+
+    # -- primitives for boards kept in the segments' spare space (the engine's fast lane and round board) ------
+
+    @property
+    def world_ready(self) -> bool:
+        """Whether this is the world group of more than one rank, set up: the only group with board space."""
+        return self is self._node.world and self.size > 1 and self._ready
+
+    @property
+    def wake_fd(self) -> int:
+        """The descriptor that becomes readable when a peer wakes this rank (:meth:`wake`)."""
+        return self._node.wake_r
+
+    def attach(self, holder: Releasable) -> None:
+        """Release ``holder``'s views before this group's segments are unmapped."""
+        self._attached.append(holder)
 
     def _typed(self, dtype: np.dtype, h: int) -> List[np.ndarray]:
         views = self._typed_cache.get((dtype, h))
@@ -269,10 +288,9 @@ class ShmGroup(Transport):
         if self._closed:
             return
         self._closed = True
-        if self.lane_board is not None:
-            self.lane_board.release()
-        if self.rounds_board is not None:
-            self.rounds_board.release()
+        for holder in self._attached:
+            holder.release()
+        self._attached = []
         self._typed_cache.clear()
         self._sub_cache.clear()
         self._half, self._meta = [], []   # drop the views so the mappings below can close

@@ -22,15 +22,22 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple, cast
 
 from horovod.transport import sockets as _sk
 from horovod.transport.base import Bootstrap, LocalTransport, Transport, TransportError
 
-if TYPE_CHECKING:  # shm_group imports this module
-    from horovod.transport.shm_group import ShmGroup
-
 logger = logging.getLogger(__name__)
+
+
+class Group(Protocol):
+    """What a node needs of the groups it makes (:class:`horovod.transport.shm_group.ShmGroup`, which imports this
+    module: a protocol keeps the two apart)."""
+
+    _closed: bool
+
+    def _release(self) -> None:
+        """Unmap the group's segments."""
 
 MIB = 1 << 20
 # Segment, chunk and one-step sizes are TransportOptions (horovod/transport/base.py), with how they were chosen.
@@ -44,13 +51,13 @@ HELLO = struct.Struct("<QQQQ32s")  # magic, rank, segment bytes, pid, digest of 
 LENGTH = struct.Struct("<Q")  # length prefix of a message
 ONE = struct.pack("<Q", 1)  # one eventfd wake-up
 POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
-# The fast lane (horovod/transport/shm_lane.py): LANE_FIELD_COUNT int64 counters at byte LANE_FIELDS of the header
+# The fast lane (horovod/engine/lane_board.py): LANE_FIELD_COUNT int64 counters at byte LANE_FIELDS of the header
 # (after the step counter, before the metadata at 128), and two payload areas in every segment (only the world
 # group's are used).
 LANE_FIELDS = 16
 LANE_FIELD_COUNT = 10
 LANE_PAYLOAD_BYTES = 1024
-# The round board (horovod/transport/shm_rounds.py): per segment, after the fast lane's payloads, two int64 fields and
+# The round board (horovod/engine/shm_round_board.py): per segment, after the fast lane's payloads, two int64 fields and
 # two records of 1 + ROUND_WORDS words (only the world group's are used).
 ROUND_WORDS = 132
 ROUND_BOARD_BYTES = 8 * (2 + 2 * (1 + ROUND_WORDS))
@@ -231,8 +238,8 @@ class Node:
         self.wake_r, self.wake_w = _make_wake()
         self.peers: Dict[int, _Peer] = {}
         self.gone: set = set()  # world ranks whose socket hung up
-        self.groups: Dict[Tuple[int, ...], ShmGroup] = {}   # of ``group_type``
-        self.world: Optional[ShmGroup] = None
+        self.groups: Dict[Tuple[int, ...], Group] = {}   # of ``group_type``
+        self.world: Optional[Group] = None
         self.closed = False
         _LIVE_NODES.add(self)
 
@@ -414,11 +421,11 @@ class Node:
         if members == tuple(range(self.size)):
             if self.world is None:
                 raise TransportError("shm transport: subgroup() before the world group was built")
-            return self.world
+            return cast(Transport, self.world)   # every group is a Transport (ShmGroup)
         group = self.groups.get(members)
         if group is None or group._closed:
             group = self.groups[members] = self.group_type(self, members)
-        return group
+        return cast(Transport, group)
 
     def close(self, in_child: bool = False) -> None:
         """Release every group, socket and descriptor (``in_child``: only descriptors; mappings die with us)."""
@@ -426,7 +433,7 @@ class Node:
             return
         self.closed = True
         _LIVE_NODES.discard(self)
-        groups: List[Optional[ShmGroup]] = [] if in_child else [*self.groups.values(), self.world]
+        groups: List[Optional[Group]] = [] if in_child else [*self.groups.values(), self.world]
         for group in groups:
             if group is not None:
                 group._release()

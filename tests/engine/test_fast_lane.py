@@ -13,7 +13,7 @@ from engine_helpers import assert_no_failures, capture_horovod_logs, run, transp
 def _lane_counts():
     from horovod.common import basics
 
-    lane = basics.runtime()._lane
+    lane = basics.runtime().state.lane
     return None if lane is None else (lane.fast, lane.slow)
 
 

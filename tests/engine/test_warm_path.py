@@ -173,7 +173,7 @@ def warm_worker(scenario: str, steps: int) -> dict:
         hvd.join()
     after = hvd.allreduce(np.ones(2), name="after", op=hvd.Sum)
     checks.close(after, np.full(2, float(size)), "after")
-    warm = basics.runtime()._warm
+    warm = basics.runtime().state.warm
     stats = None if warm is None else (warm.state.rounds, warm.state.warm, warm.state.void)
     hvd.shutdown()
     return {"checks": checks.report(), "stats": stats, "errors": errors,
@@ -183,7 +183,7 @@ def warm_worker(scenario: str, steps: int) -> dict:
 
 def two_hosts(np_):
     """Host names that split ``np_`` ranks over two "hosts" of this machine (a job that spans hosts: its rounds run
-    over TCP, horovod/transport/tcp_rounds.py)."""
+    over TCP, horovod/engine/tcp_round_board.py)."""
     return ["localhost"] * ((np_ + 1) // 2) + ["127.0.0.1"] * (np_ // 2)
 
 
@@ -208,7 +208,7 @@ def test_repeated_collectives_in_any_order_run_warm_and_stay_right(np_):
     _assert_ran_warm(_run_warm("train", np_))
 
 
-# Across hosts the rounds run over TCP (horovod/transport/tcp_rounds.py): the tcp and the hierarchical transport
+# Across hosts the rounds run over TCP (horovod/engine/tcp_round_board.py): the tcp and the hierarchical transport
 # with two host names on this machine (its ranks still reach rank 0 over Unix sockets; the fences of a real second
 # host are exercised by tests/runner/test_ssh_hosts.py's network-namespace hosts).
 @pytest.mark.parametrize("np_,hosts", [(2, None), (3, None), (4, None),

@@ -89,7 +89,7 @@ while True:
 """
 
 # A training-shaped loop that goes warm (horovod/engine/rounds.py) across hosts: the rounds run over TCP
-# (horovod/transport/tcp_rounds.py) and hostB's ranks, which reach rank 0 over TCP, wait for its fences. New names
+# (horovod/engine/tcp_round_board.py) and hostB's ranks, which reach rank 0 over TCP, wait for its fences. New names
 # every third step keep cold messages coming between warm rounds; every result is checked against numpy.
 WARM_WORKER = r"""
 import numpy as np
@@ -109,7 +109,7 @@ for step in range(30):
     bad += hvd.broadcast(np.array([step * 1.0 + rank]), root_rank=size - 1, name="b")[0] != step + size - 1
     if step % 3 == 0:
         bad += hvd.allreduce(np.ones(3), op=hvd.Sum, name=f"cold{step}")[0] != size
-warm = basics.runtime()._warm
+warm = basics.runtime().state.warm
 print(f"WARM rank={rank} bad={bad} warm={warm.state.warm} rounds={warm.state.rounds} "
       f"fenced={warm.fenced}", flush=True)
 hvd.shutdown()

@@ -1,6 +1,6 @@
 """The round board across hosts: every rank ANDs a short vector of 64-bit words once per engine round over TCP.
 
-The same board as :mod:`horovod.transport.shm_rounds` (post a vector for round ``r``, read the AND once everyone
+The same board as :mod:`horovod.engine.shm_round_board` (post a vector for round ``r``, read the AND once everyone
 posted it) for jobs whose ranks do not share one machine's memory. The AND runs by recursive doubling: with ``p``
 the largest power of two not above the size, rank ``w < p`` exchanges its running AND with rank ``w ^ 2**k`` at
 step ``k = 0 .. log2(p) - 1``; each rank ``x >= p`` first hands its vector to rank ``x - p`` and gets the result

@@ -48,7 +48,7 @@ class ShmRoundBoard:
         self._records = [[v[RECORDS + k * _RECORD:RECORDS + (k + 1) * _RECORD] for k in (0, 1)] for v in self._views]
         self._own: Optional[np.ndarray] = self._views[self.rank]
         self._peers = [q for q in range(self.size) if q != self.rank]
-        self.wake_fd = group._node.wake_r
+        self.wake_fd = group.wake_fd
 
     # -- posting -----------------------------------------------------------------------------------------------
 
@@ -127,6 +127,3 @@ class ShmRoundBoard:
         """Drop the views of the segments (before the group unmaps them)."""
         self._views, self._records, self._own = [], [], None
 
-
-def open_board(group: ShmGroup) -> Optional[ShmRoundBoard]:
-    return ShmRoundBoard(group) if group.size > 1 else None

@@ -1,0 +1,93 @@
+"""The engine's agreement boards and where each comes from.
+
+Boards are how ranks agree without the coordinator: the fast lane (:mod:`horovod.engine.lane_board`, tiny
+blocking allreduces on one host) and the warm path's round board (:mod:`horovod.engine.shm_round_board` on one
+host, :mod:`horovod.engine.tcp_round_board` across hosts). They belong to the engine; the transports only lend
+them primitives: the shm world group's spare segment space and wake-ups, and authenticated TCP connections.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Protocol
+
+import numpy as np
+
+from horovod.engine.config import Config
+from horovod.engine.lane_board import ShmLane
+from horovod.engine.shm_round_board import ShmRoundBoard
+from horovod.engine.tcp_round_board import connect_round_board
+from horovod.engine.timeline import Timeline
+from horovod.transport.base import MIN, Bootstrap, Transport
+from horovod.transport.shm_group import ShmGroup
+
+
+class RoundBoard(Protocol):
+    """Where the ranks AND a short vector of uint64 words once per engine round, without blocking (the engine's
+    warm path): :class:`~horovod.engine.shm_round_board.ShmRoundBoard` on one host,
+    :class:`~horovod.engine.tcp_round_board.TcpRoundBoard` across hosts."""
+
+    words: int
+    #: Whether rounds complete only as other ranks pass frames on (they must keep driving until it is done).
+    relayed: bool
+
+    @property
+    def fds(self) -> List[int]:
+        """File descriptors that become readable when the board may have moved (call :meth:`drain` then)."""
+
+    def drain(self, fd: int) -> None:
+        """Take in what woke ``fd``."""
+
+    def post(self, round_no: int, vector: np.ndarray) -> None:
+        """Post this rank's vector of ``round_no`` (rounds are numbered 1, 2, ... and posted in order)."""
+
+    def highest(self) -> int:
+        """The latest round any rank is known to have posted."""
+
+    def complete(self, round_no: int) -> bool:
+        """Whether every rank's vector of ``round_no`` is in."""
+
+    def result(self, round_no: int, length: int, out: np.ndarray) -> bool:
+        """The AND of ``round_no``'s first ``length`` words into ``out``; False while it is not complete."""
+
+    def set_waiting(self, waiting: bool) -> None:
+        """This rank is about to sleep in its selector (a board that wakes sleepers needs to know)."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether some rank takes no part in rounds."""
+
+    def close(self) -> None:
+        """Stop taking part."""
+
+
+def lane_board(world: Transport, spin_us: float) -> Optional[ShmLane]:
+    """The fast lane's board in the shm world group's segments; None on any other transport."""
+    if not isinstance(world, ShmGroup) or not world.world_ready:
+        return None
+    board = ShmLane(world, spin_us)
+    world.attach(board)
+    return board
+
+
+def round_board(config: Config, world: Transport, boot: Bootstrap) -> Optional[RoundBoard]:
+    """The warm path's round board: in the shm world group's segments on one host, else, for a job that spans
+    hosts, over TCP among every rank's log2(size) partners when every rank agrees to use rounds (a response cache,
+    and no timeline recorded from the start: the timeline shows every negotiation).
+
+    A job of one host on the tcp or mpi transport keeps the coordinator: there a lone tiny allreduce costs one round
+    trip to rank 0 (reduced inline), against a round plus a data-plane collective warm (~40 µs more at np = 2), and
+    one host never has the ranks that make the coordinator the bottleneck."""
+    board = shm_round_board(world)
+    if board is not None or boot.size < 2 or boot.local_size == boot.size:
+        return board
+    wants = np.array([int(config.cache_capacity > 0 and not Timeline.records(config, boot.rank))], dtype=np.int32)
+    world.allreduce(wants, MIN)   # collective: every rank builds the board, or none
+    return connect_round_board(boot) if wants[0] else None
+
+
+def shm_round_board(world: Transport) -> Optional[ShmRoundBoard]:
+    """The round board in the shm world group's segments; None on any other transport."""
+    if not isinstance(world, ShmGroup) or not world.world_ready:
+        return None
+    board = ShmRoundBoard(world)
+    world.attach(board)
+    return board
