@@ -41,9 +41,8 @@ def _calls(numpy_mod) -> List[Tuple[str, Callable[[], object]]]:
     x = numpy_mod.ones(2, numpy_mod.float32)
     out = numpy_mod.empty_like(x)
 
-    @collectives.blocking
     def engine_api():
-        return collectives.allreduce_async([x], ["allreduce.floor"], outputs=[out]).wait()
+        return collectives.allreduce_async([x], ["allreduce.floor"], outputs=[out], attended=True).wait()
 
     import horovod.numpy as hvd_np
     calls = [("engine API only (collectives.allreduce_async + wait)", engine_api),

@@ -20,7 +20,6 @@ from horovod.common.basics import Average
 from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
 from horovod.common.util import handle_average_backwards_compatibility
 from horovod.engine import collectives
-from horovod.engine.collectives import blocking
 from horovod.engine.handles import Handle, HandleTable
 from horovod.engine.naming import group_names, tensor_name
 
@@ -35,7 +34,7 @@ def complete(pending: Pending) -> Any:
 
 # -- one function per collective: views in, (handle, finish) out ----------------------------------------------
 def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], op: int, prescale: float,
-              postscale: float, set_id: int, inplace: bool, grouped: bool) -> Pending:
+              postscale: float, set_id: int, inplace: bool, grouped: bool, attended: bool = False) -> Pending:
     if inplace:
         views = [adapter.inplace_view(t) for t in tensors]
         outputs = [v.array for v in views]
@@ -44,7 +43,7 @@ def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
         outputs = [adapter.fresh_output(v) for v in views]
     handle = collectives.allreduce_async([v.array for v in views], names, op=op, prescale=prescale,
                                          postscale=postscale, process_set=set_id, outputs=outputs,
-                                         dtypes=overrides(views), grouped=grouped)
+                                         dtypes=overrides(views), grouped=grouped, attended=attended)
     if grouped:
         if inplace:
             return handle, lambda _raw: [adapter.finish_inplace(v) for v in views]
@@ -64,38 +63,39 @@ def _new_results(adapter: TensorAdapter, views, grouped: bool) -> Callable[[Any]
 
 
 def allgather(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], set_id: int,
-              grouped: bool) -> Pending:
+              grouped: bool, attended: bool = False) -> Pending:
     views = [adapter.view(t) for t in tensors]
     handle = collectives.allgather_async([v.array for v in views], names, process_set=set_id,
-                                         dtypes=overrides(views), grouped=grouped)
+                                         dtypes=overrides(views), grouped=grouped, attended=attended)
     return handle, _new_results(adapter, views, grouped)
 
 
 def reducescatter(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], op: int, prescale: float,
-                  postscale: float, set_id: int, grouped: bool) -> Pending:
+                  postscale: float, set_id: int, grouped: bool, attended: bool = False) -> Pending:
     views = [adapter.view(t) for t in tensors]
     handle = collectives.reducescatter_async([v.array for v in views], names, op=op, prescale=prescale,
                                              postscale=postscale, process_set=set_id, dtypes=overrides(views),
-                                             grouped=grouped)
+                                             grouped=grouped, attended=attended)
     return handle, _new_results(adapter, views, grouped)
 
 
 def broadcast(adapter: TensorAdapter, tensor: Any, name: str, root_rank: int, set_id: int,
-              inplace: bool) -> Pending:
+              inplace: bool, attended: bool = False) -> Pending:
     view = adapter.inplace_view(tensor) if inplace else adapter.view(tensor)
     output = view.array if inplace else adapter.fresh_output(view)
     handle = collectives.broadcast_async([view.array], [name], root_rank, process_set=set_id, outputs=[output],
-                                         dtypes=overrides([view]))
+                                         dtypes=overrides([view]), attended=attended)
     if inplace:
         return handle, lambda _raw: adapter.finish_inplace(view)
     return handle, lambda _raw: adapter.result(output, view)
 
 
-def alltoall(adapter: TensorAdapter, tensor: Any, name: str, splits: Any, set_id: int) -> Pending:
+def alltoall(adapter: TensorAdapter, tensor: Any, name: str, splits: Any, set_id: int,
+             attended: bool = False) -> Pending:
     """Result ``(output, received_splits)`` in the binding's types."""
     view = adapter.view(tensor)
     handle = collectives.alltoall_async(view.array, name, adapter.splits(splits), process_set=set_id,
-                                        dtype=view.dtype)
+                                        dtype=view.dtype, attended=attended)
 
     def finish(raw):
         out, received = raw
@@ -193,11 +193,13 @@ class HandleCollectives:
         return [tensor_name(prefix, name, set_id)]
 
     def start_allreduce(self, tensors: Sequence[Any], name: Optional[str], op, average, prescale_factor: float,
-                        postscale_factor: float, process_set: ProcessSet, inplace: bool, grouped: bool) -> Pending:
+                        postscale_factor: float, process_set: ProcessSet, inplace: bool, grouped: bool,
+                        attended: bool = False) -> Pending:
         """Start an allreduce of ``tensors`` (one, or a group); every allreduce of this binding comes here.
 
         ``op`` / ``average`` are the public arguments; a caller that settled them already passes the op and
-        ``average=None``, and the ``average=`` shim is not run again.
+        ``average=None``, and the ``average=`` shim is not run again. ``attended``: the caller waits right away
+        (every blocking form; see :mod:`horovod.engine.collectives`).
         """
         set_id = _set_id(process_set)
         names = self._names("allreduce", name, len(tensors), set_id, grouped) if grouped else \
@@ -207,29 +209,33 @@ class HandleCollectives:
         elif op is None:
             op = Average
         return allreduce(self.adapter, tensors, names, op, prescale_factor, postscale_factor, set_id, inplace,
-                         grouped)
+                         grouped, attended)
 
     def start_allgather(self, tensors: Sequence[Any], name: Optional[str], process_set: ProcessSet,
-                        grouped: bool) -> Pending:
+                        grouped: bool, attended: bool = False) -> Pending:
         set_id = _set_id(process_set)
         return allgather(self.adapter, tensors, self._names("allgather", name, len(tensors), set_id, grouped),
-                         set_id, grouped)
+                         set_id, grouped, attended)
 
     def start_broadcast(self, tensor, root_rank: int, name: Optional[str], process_set: ProcessSet,
-                        inplace: bool) -> Pending:
+                        inplace: bool, attended: bool = False) -> Pending:
         set_id = _set_id(process_set)
-        return broadcast(self.adapter, tensor, tensor_name("broadcast", name, set_id), root_rank, set_id, inplace)
+        return broadcast(self.adapter, tensor, tensor_name("broadcast", name, set_id), root_rank, set_id, inplace,
+                         attended)
 
-    def start_alltoall(self, tensor, splits, name: Optional[str], process_set: ProcessSet) -> Pending:
+    def start_alltoall(self, tensor, splits, name: Optional[str], process_set: ProcessSet,
+                       attended: bool = False) -> Pending:
         set_id = _set_id(process_set)
-        return alltoall(self.adapter, tensor, tensor_name("alltoall", name, set_id), splits, set_id)
+        return alltoall(self.adapter, tensor, tensor_name("alltoall", name, set_id), splits, set_id, attended)
 
     def start_reducescatter(self, tensors: Sequence[Any], name: Optional[str], op, prescale_factor: float,
-                            postscale_factor: float, process_set: ProcessSet, grouped: bool) -> Pending:
+                            postscale_factor: float, process_set: ProcessSet, grouped: bool,
+                            attended: bool = False) -> Pending:
         set_id = _set_id(process_set)
         return reducescatter(self.adapter, tensors, self._names("reducescatter", name, len(tensors), set_id,
                                                                 grouped),
-                             Average if op is None else op, prescale_factor, postscale_factor, set_id, grouped)
+                             Average if op is None else op, prescale_factor, postscale_factor, set_id, grouped,
+                             attended)
 
     # -- allreduce -------------------------------------------------------------------------------------------
     def allreduce_async(self, tensor, average=None, name: Optional[str] = None, op=None,
@@ -259,21 +265,19 @@ class HandleCollectives:
         return self.handles.add(*self.start_allreduce([tensor], name, op, average, prescale_factor,
                                                       postscale_factor, process_set, True, False))
 
-    @blocking
     def allreduce(self, tensor, average=None, name: Optional[str] = None, op=None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set: ProcessSet = global_process_set):
         """Reduce ``tensor`` across ranks (default: average) and return the result (a new tensor)."""
         return self.run(self.start_allreduce([tensor], name, op, average, prescale_factor, postscale_factor,
-                                             process_set, False, False))
+                                             process_set, False, False, attended=True))
 
-    @blocking
     def allreduce_(self, tensor, average=None, name: Optional[str] = None, op=None,
                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                    process_set: ProcessSet = global_process_set):
         """In-place, blocking allreduce; returns ``tensor`` holding the result."""
         return self.run(self.start_allreduce([tensor], name, op, average, prescale_factor, postscale_factor,
-                                             process_set, True, False))
+                                             process_set, True, False, attended=True))
 
     def grouped_allreduce_async(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -289,21 +293,19 @@ class HandleCollectives:
         return self.handles.add(*self.start_allreduce(list(tensors), name, op, average, prescale_factor,
                                                       postscale_factor, process_set, True, True))
 
-    @blocking
     def grouped_allreduce(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           process_set: ProcessSet = global_process_set) -> list:
         """Reduce a list of tensors as one atomic group; returns a list of new tensors."""
         return self.run(self.start_allreduce(list(tensors), name, op, average, prescale_factor, postscale_factor,
-                                             process_set, False, True))
+                                             process_set, False, True, attended=True))
 
-    @blocking
     def grouped_allreduce_(self, tensors: Sequence, average=None, name: Optional[str] = None, op=None,
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                            process_set: ProcessSet = global_process_set) -> list:
         """In-place, blocking grouped allreduce; returns the input tensors holding the results."""
         return self.run(self.start_allreduce(list(tensors), name, op, average, prescale_factor, postscale_factor,
-                                             process_set, True, True))
+                                             process_set, True, True, attended=True))
 
     # -- allgather -------------------------------------------------------------------------------------------
     def allgather_async(self, tensor, name: Optional[str] = None,
@@ -316,16 +318,14 @@ class HandleCollectives:
         """Start allgathering a list of tensors as one group."""
         return self.handles.add(*self.start_allgather(list(tensors), name, process_set, True))
 
-    @blocking
     def allgather(self, tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set):
         """Concatenate every rank's ``tensor`` along dimension 0."""
-        return self.run(self.start_allgather([tensor], name, process_set, False))
+        return self.run(self.start_allgather([tensor], name, process_set, False, attended=True))
 
-    @blocking
     def grouped_allgather(self, tensors: Sequence, name: Optional[str] = None,
                           process_set: ProcessSet = global_process_set) -> list:
         """Allgather a list of tensors as one group; returns a list."""
-        return self.run(self.start_allgather(list(tensors), name, process_set, True))
+        return self.run(self.start_allgather(list(tensors), name, process_set, True, attended=True))
 
     # -- broadcast -------------------------------------------------------------------------------------------
     def broadcast_async(self, tensor, root_rank: int, name: Optional[str] = None,
@@ -341,17 +341,15 @@ class HandleCollectives:
         """In-place :func:`broadcast_async`: non-root ranks receive into ``tensor``'s memory."""
         return self.handles.add(*self.start_broadcast(tensor, root_rank, name, process_set, True))
 
-    @blocking
     def broadcast(self, tensor, root_rank: int, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set):
         """Return ``root_rank``'s ``tensor`` on every rank (a new tensor)."""
-        return self.run(self.start_broadcast(tensor, root_rank, name, process_set, False))
+        return self.run(self.start_broadcast(tensor, root_rank, name, process_set, False, attended=True))
 
-    @blocking
     def broadcast_(self, tensor, root_rank: int, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set):
         """In-place, blocking broadcast; returns ``tensor``."""
-        return self.run(self.start_broadcast(tensor, root_rank, name, process_set, True))
+        return self.run(self.start_broadcast(tensor, root_rank, name, process_set, True, attended=True))
 
     # -- alltoall / reducescatter ----------------------------------------------------------------------------
     def alltoall_async(self, tensor, splits=None, name: Optional[str] = None,
@@ -380,24 +378,21 @@ class HandleCollectives:
         return self.handles.add(*self.start_reducescatter(list(tensors), name, op, prescale_factor,
                                                           postscale_factor, process_set, True))
 
-    @blocking
     def reducescatter(self, tensor, name: Optional[str] = None, op=Average,
                       process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0):
         """Reduce ``tensor`` and return this rank's block of rows (rank r gets block r)."""
         return self.run(self.start_reducescatter([tensor], name, op, prescale_factor, postscale_factor,
-                                                 process_set, False))
+                                                 process_set, False, attended=True))
 
-    @blocking
     def grouped_reducescatter(self, tensors: Sequence, name: Optional[str] = None, op=Average,
                               process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                               postscale_factor: float = 1.0) -> list:
         """Reduce-scatter a list of tensors as one group; returns a list."""
         return self.run(self.start_reducescatter(list(tensors), name, op, prescale_factor, postscale_factor,
-                                                 process_set, True))
+                                                 process_set, True, attended=True))
 
     # -- synchronisation -------------------------------------------------------------------------------------
-    @blocking
     def join(self, device: int = -1) -> int:
         """Declare that this rank has no more data and wait until every rank has joined.
 
@@ -410,9 +405,8 @@ class HandleCollectives:
         Returns:
             The rank that joined last.
         """
-        return int(wait(collectives.join_async()))
+        return int(wait(collectives.join_async(attended=True)))
 
-    @blocking
     def barrier(self, process_set: ProcessSet = global_process_set) -> None:
         """Block until every rank of the process set has reached the barrier."""
         set_id = _set_id(process_set)

@@ -1,16 +1,19 @@
 """The framework-neutral collective API on numpy arrays.
 
-Every binding (numpy, torch, tensorflow, mxnet, keras) converts its tensors to numpy views and calls these
-functions; they validate arguments, name the tensors, and enqueue entries on the running engine.  Each returns
-a :class:`Handle`; ``handle.wait()`` gives the result.
+Every binding (numpy, torch, tensorflow, mxnet, keras, jax) converts its tensors to numpy views and calls these
+functions, the one seam between the bindings and the engine; they validate arguments and enqueue entries on the
+running engine under the names the binding computed once.  Each returns a :class:`Handle`; ``handle.wait()``
+gives the result.
+
+``attended=True`` says the caller waits for the handle right away: the waiting thread then drives the collective
+itself and the engine does not wake its background thread for it (on a small host waking a thread costs more than
+the whole small collective); left ``False``, the background thread makes progress while the caller computes.
 
 All ranks of the process set must call each collective, in the same order (unnamed tensors are matched by
 issue order).
 """
 from __future__ import annotations
 
-import functools
-import threading
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -21,28 +24,6 @@ from horovod.engine.errors import InvalidArgumentError
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
 from horovod.engine.naming import JOIN_NAME, group_names, reset_names, tensor_name  # noqa: F401  (the engine API)
-
-_local = threading.local()
-
-
-def blocking(fn: Callable) -> Callable:
-    """Mark a binding function that waits for every collective it starts before it returns.
-
-    Its collectives are *attended*: the waiting thread drives them itself, so the engine does not wake its
-    background thread for them.  Unmarked (asynchronous) calls wake it, so they progress while the caller computes.
-    """
-    @functools.wraps(fn)
-    def attended_call(*args, **kwargs):
-        _local.depth = getattr(_local, "depth", 0) + 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _local.depth -= 1
-    return attended_call
-
-
-def _attended() -> bool:
-    return getattr(_local, "depth", 0) > 0
 
 
 def _runtime():
@@ -67,7 +48,7 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
              dtypes: Optional[Sequence[Optional[str]]] = None, op: int = ops.Sum, root: int = -1,
              prescale: float = 1.0, postscale: float = 1.0,
              splits: Optional[Sequence[Optional[Sequence[int]]]] = None, grouped: bool = False,
-             finalize: Optional[Callable] = None) -> Handle:
+             finalize: Optional[Callable] = None, attended: bool = False) -> Handle:
     runtime = state.runtime()
     handle = Handle(len(tensors), list(names), finalize)
     inline_limit = runtime.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
@@ -87,7 +68,7 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
             req.payload = tensor.tobytes()
         entries.append(Entry(req, tensor, outputs[i] if outputs else None, handle, i))
-    runtime.enqueue(entries, _attended())
+    runtime.enqueue(entries, attended)
     return handle
 
 
@@ -116,38 +97,42 @@ def _check_op(op: int, process_set: int, what: str = "allreduce") -> None:
 def allreduce_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op: int = ops.Average,
                     prescale: float = 1.0, postscale: float = 1.0, process_set: int = 0,
                     outputs: Optional[Sequence[Optional[HostOrDevice]]] = None,
-                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False) -> Handle:
+                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False,
+                    attended: bool = False) -> Handle:
     """Reduce each tensor across the process set (in place when ``outputs[i] is tensors[i]``)."""
     _check_op(op, process_set)
     return _enqueue(ops.ALLREDUCE, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes, op=op,
-                    prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single)
+                    prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single,
+                    attended=attended)
 
 
 def allgather_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, process_set: int = 0,
-                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False) -> Handle:
+                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False,
+                    attended: bool = False) -> Handle:
     """Concatenate each tensor across ranks along dimension 0 (first dimensions may differ per rank)."""
     for t in tensors:
         if _ndim(t) == 0:
             raise InvalidArgumentError("allgather needs a tensor with at least one dimension; got a scalar. "
                              "Reshape it to [1] first.")
     return _enqueue(ops.ALLGATHER, tensors, names, process_set=process_set, dtypes=dtypes, grouped=grouped,
-                    finalize=None if grouped else _single)
+                    finalize=None if grouped else _single, attended=attended)
 
 
 def broadcast_async(tensors: Sequence[HostOrDevice], names: Sequence[str], root_rank: int, *, process_set: int = 0,
                     outputs: Optional[Sequence[Optional[HostOrDevice]]] = None,
-                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False) -> Handle:
+                    dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False,
+                    attended: bool = False) -> Handle:
     """Copy the root's tensors to every rank; ``root_rank`` is a global rank."""
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
         raise InvalidArgumentError(f"broadcast root_rank {root_rank!r} is invalid: expected an integer global rank.")
     # The root's range and membership are checked by the coordinator, so that a root wrong on one rank only fails
     # every rank instead of leaving the others waiting.
     return _enqueue(ops.BROADCAST, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes,
-                    root=int(root_rank), grouped=grouped, finalize=None if grouped else _single)
+                    root=int(root_rank), grouped=grouped, finalize=None if grouped else _single, attended=attended)
 
 
 def alltoall_async(tensor: HostOrDevice, name: str, splits: Optional[Sequence[int]] = None, *, process_set: int = 0,
-                   dtype: Optional[str] = None) -> Handle:
+                   dtype: Optional[str] = None, attended: bool = False) -> Handle:
     """Send rows ``splits[p]`` to set member p and receive theirs; result ``(output, received_splits)``."""
     runtime = _runtime()
     pset = runtime.sets.get(process_set)
@@ -173,12 +158,13 @@ def alltoall_async(tensor: HostOrDevice, name: str, splits: Optional[Sequence[in
             raise InvalidArgumentError(f"alltoall splits sum to {sum(split_list)} but the tensor's first dimension "
                                        f"is {rows}.")
     return _enqueue(ops.ALLTOALL, [array], [name], process_set=process_set, dtypes=[dtype] if dtype else None,
-                    splits=[split_list], finalize=_single)
+                    splits=[split_list], finalize=_single, attended=attended)
 
 
 def reducescatter_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op: int = ops.Average,
                         prescale: float = 1.0, postscale: float = 1.0, process_set: int = 0,
-                        dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False) -> Handle:
+                        dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False,
+                        attended: bool = False) -> Handle:
     """Reduce across ranks and give rank r its block of rows (lower ranks get the extra rows)."""
     if op not in (ops.Sum, ops.Average):
         raise InvalidArgumentError(f"reducescatter supports only Sum and Average, got {ops.OP_NAMES.get(op, op)}.")
@@ -186,7 +172,8 @@ def reducescatter_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *
         if _ndim(t) == 0:
             raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension; got a scalar.")
     return _enqueue(ops.REDUCESCATTER, tensors, names, process_set=process_set, dtypes=dtypes, op=op,
-                    prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single)
+                    prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single,
+                    attended=attended)
 
 
 def barrier(process_set: int = 0) -> None:
@@ -199,12 +186,12 @@ def barrier(process_set: int = 0) -> None:
     handle.wait()
 
 
-def join_async() -> Handle:
+def join_async(attended: bool = False) -> Handle:
     """Announce that this rank has no more data; completes when all ranks joined, with the last joiner's rank."""
     runtime = _runtime()
     handle = Handle(1, ["join"], _single)
     req = Request(rank=runtime.rank, name=JOIN_NAME, kind=ops.JOIN, process_set=0)
-    runtime.enqueue([Entry(req, None, None, handle)])
+    runtime.enqueue([Entry(req, None, None, handle)], attended)
     return handle
 
 

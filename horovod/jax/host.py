@@ -23,7 +23,6 @@ from horovod.common.adapter import ArrayAdapter
 from horovod.common.basics import Adasum
 from horovod.common.buckets import configured_cap, plan_buckets
 from horovod.common.process_sets import ProcessSet, _set_id, group_op_names, op_name
-from horovod.engine.collectives import blocking
 
 NUMPY = ArrayAdapter()
 
@@ -65,7 +64,6 @@ def pack(arrays: Sequence[np.ndarray], cap: int) -> Tuple[List[np.ndarray], Call
 
 
 # -- pytree leaves ---------------------------------------------------------------------------------------------
-@blocking
 def allreduce_leaves(arrays: Sequence[np.ndarray], op: int, prescale: float, postscale: float,
                      process_set: ProcessSet, name: Optional[str]) -> List[np.ndarray]:
     """Reduce every array (one atomic group, small ones packed in buckets); new arrays, in order."""
@@ -74,11 +72,11 @@ def allreduce_leaves(arrays: Sequence[np.ndarray], op: int, prescale: float, pos
     packed, unpack = pack(arrays, 0 if op == Adasum else configured_cap())
     names, _ = group_op_names("allreduce_tree", name, len(packed), process_set)
     results = binding_ops.complete(binding_ops.allreduce(NUMPY, packed, names, op, prescale, postscale,
-                                                         _set_id(process_set), inplace=False, grouped=True))
+                                                         _set_id(process_set), inplace=False, grouped=True,
+                                                         attended=True))
     return unpack(results)
 
 
-@blocking
 def broadcast_leaves(arrays: Sequence[np.ndarray], root_rank: int, process_set: ProcessSet,
                      name: Optional[str]) -> List[np.ndarray]:
     """Every array of ``root_rank`` on every rank (small ones packed in buckets); new arrays, in order."""
@@ -87,7 +85,7 @@ def broadcast_leaves(arrays: Sequence[np.ndarray], root_rank: int, process_set: 
     packed, unpack = pack(arrays, configured_cap())
     set_id = _set_id(process_set)
     base = op_name("broadcast_tree", name, process_set)   # one name per call: matched by issue order if unnamed
-    pending = [binding_ops.broadcast(NUMPY, a, f"{base}.{i}", root_rank, set_id, inplace=False)
+    pending = [binding_ops.broadcast(NUMPY, a, f"{base}.{i}", root_rank, set_id, inplace=False, attended=True)
                for i, a in enumerate(packed)]
     return unpack([binding_ops.complete(p) for p in pending])
 
@@ -100,33 +98,31 @@ def _names(kind: str, name, count: int, process_set, grouped: bool) -> list:
     return [op_name(kind, name, process_set)]
 
 
-@blocking
 def allreduce(arrays, op, prescale, postscale, process_set, name, grouped: bool):
     names = _names("allreduce", name, len(arrays), process_set, grouped)
     return binding_ops.complete(binding_ops.allreduce(NUMPY, arrays, names, op, prescale, postscale,
-                                                      _set_id(process_set), inplace=False, grouped=grouped))
+                                                      _set_id(process_set), inplace=False, grouped=grouped,
+                                                      attended=True))
 
 
-@blocking
 def allgather(arrays, process_set, name, grouped: bool):
     names = _names("allgather", name, len(arrays), process_set, grouped)
-    return binding_ops.complete(binding_ops.allgather(NUMPY, arrays, names, _set_id(process_set), grouped))
+    return binding_ops.complete(binding_ops.allgather(NUMPY, arrays, names, _set_id(process_set), grouped,
+                                                                            attended=True))
 
 
-@blocking
 def reducescatter(arrays, op, prescale, postscale, process_set, name, grouped: bool):
     names = _names("reducescatter", name, len(arrays), process_set, grouped)
     return binding_ops.complete(binding_ops.reducescatter(NUMPY, arrays, names, op, prescale, postscale,
-                                                          _set_id(process_set), grouped))
+                                                          _set_id(process_set), grouped, attended=True))
 
 
-@blocking
 def broadcast(array, root_rank, process_set, name):
     return binding_ops.complete(binding_ops.broadcast(NUMPY, array, op_name("broadcast", name, process_set),
-                                                      root_rank, _set_id(process_set), inplace=False))
+                                                      root_rank, _set_id(process_set), inplace=False,
+                                                      attended=True))
 
 
-@blocking
 def alltoall(array, splits, process_set, name):
     return binding_ops.complete(binding_ops.alltoall(NUMPY, array, op_name("alltoall", name, process_set), splits,
-                                                     _set_id(process_set)))
+                                                     _set_id(process_set), attended=True))

@@ -22,7 +22,6 @@ from horovod.common.basics import Average
 from horovod.common.binding_ops import HandleCollectives
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.util import handle_average_backwards_compatibility
-from horovod.engine.collectives import blocking
 from horovod.jax import jit_ops
 from horovod.jax.adapter import JaxAdapter, after_jitted_collectives, as_jax, is_traced
 from horovod.jax.compression import Compression
@@ -64,7 +63,6 @@ def _tensors(values, what: str) -> list:
 
 
 # -- allreduce -------------------------------------------------------------------------------------------------
-@blocking
 def allreduce(tensor, average=None, name: Optional[str] = None, compression=Compression.none, op=None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set):
@@ -92,12 +90,11 @@ def allreduce(tensor, average=None, name: Optional[str] = None, compression=Comp
     if is_traced(compressed):
         out = jit_ops.allreduce([compressed], op, prescale_factor, postscale_factor, process_set, name, False)
     else:
-        out = _collectives.synchronize(_collectives.allreduce_async(compressed, None, name, op, prescale_factor,
-                                                                    postscale_factor, process_set))
+        out = _collectives.allreduce(compressed, None, name, op, prescale_factor,
+                                                                    postscale_factor, process_set)
     return compression.decompress(out, ctx)
 
 
-@blocking
 def grouped_allreduce(tensors, average=None, name: Optional[str] = None, compression=Compression.none, op=None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[jax.Array]:
@@ -111,32 +108,29 @@ def grouped_allreduce(tensors, average=None, name: Optional[str] = None, compres
     if _any_traced(values):
         out = jit_ops.allreduce(values, op, prescale_factor, postscale_factor, process_set, name, True)
     else:
-        out = _collectives.synchronize(_collectives.grouped_allreduce_async(values, None, name, op, prescale_factor,
-                                                                            postscale_factor, process_set))
+        out = _collectives.grouped_allreduce(values, None, name, op, prescale_factor,
+                                                                            postscale_factor, process_set)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(out, compressed)]
 
 
 # -- allgather -------------------------------------------------------------------------------------------------
-@blocking
 def allgather(tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> jax.Array:
     """Concatenate every rank's ``tensor`` along dimension 0 (outside jit the first dimensions may differ)."""
     if is_traced(tensor):
         return jit_ops.allgather([tensor], process_set, name, False)
-    return _collectives.synchronize(_collectives.allgather_async(tensor, name, process_set))
+    return _collectives.allgather(tensor, name, process_set)
 
 
-@blocking
 def grouped_allgather(tensors, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[jax.Array]:
     """Allgather a list of arrays as one group."""
     tensors = _tensors(tensors, "grouped_allgather")
     if _any_traced(tensors):
         return jit_ops.allgather(tensors, process_set, name, True)
-    return _collectives.synchronize(_collectives.grouped_allgather_async(tensors, name, process_set))
+    return _collectives.grouped_allgather(tensors, name, process_set)
 
 
 # -- broadcast -------------------------------------------------------------------------------------------------
-@blocking
 def broadcast(tensor, root_rank: int, name: Optional[str] = None, process_set: ProcessSet = global_process_set):
     """Return ``root_rank``'s ``tensor`` (or pytree of arrays) on every rank, as new arrays.
 
@@ -148,11 +142,10 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None, process_set: P
         return broadcast_tree(tensor, root_rank, name=name, process_set=process_set)
     if is_traced(tensor):
         return jit_ops.broadcast(tensor, root_rank, process_set, name)
-    return _collectives.synchronize(_collectives.broadcast_async(tensor, root_rank, name, process_set))
+    return _collectives.broadcast(tensor, root_rank, name, process_set)
 
 
 # -- alltoall / reducescatter ----------------------------------------------------------------------------------
-@blocking
 def alltoall(tensor, splits=None, name: Optional[str] = None, process_set: ProcessSet = global_process_set):
     """Send ``splits[i]`` rows to rank ``i`` of the set and receive theirs.
 
@@ -161,22 +154,21 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, process_set: Proce
     """
     if is_traced(tensor):
         return jit_ops.alltoall(tensor, splits, process_set, name)
-    output, received = _collectives.synchronize(_collectives.alltoall_async(tensor, splits, name, process_set))
+    output, received = _collectives.run(_collectives.start_alltoall(tensor, splits, name, process_set,
+                                                                             attended=True))
     return output if splits is None else (output, received)
 
 
-@blocking
 def reducescatter(tensor, name: Optional[str] = None, op=Average, process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> jax.Array:
     """Reduce ``tensor`` (Sum or Average) and return this rank's block of rows (rank r gets block r)."""
     op = Average if op is None else op
     if is_traced(tensor):
         return jit_ops.reducescatter([tensor], op, prescale_factor, postscale_factor, process_set, name, False)
-    return _collectives.synchronize(_collectives.reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                                                     postscale_factor))
+    return _collectives.reducescatter(tensor, name, op, process_set, prescale_factor,
+                                                                     postscale_factor)
 
 
-@blocking
 def grouped_reducescatter(tensors, name: Optional[str] = None, op=Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[jax.Array]:
@@ -185,8 +177,8 @@ def grouped_reducescatter(tensors, name: Optional[str] = None, op=Average,
     tensors = _tensors(tensors, "grouped_reducescatter")
     if _any_traced(tensors):
         return jit_ops.reducescatter(tensors, op, prescale_factor, postscale_factor, process_set, name, True)
-    return _collectives.synchronize(_collectives.grouped_reducescatter_async(tensors, name, op, process_set,
-                                                                             prescale_factor, postscale_factor))
+    return _collectives.grouped_reducescatter(tensors, name, op, process_set,
+                                                                             prescale_factor, postscale_factor)
 
 
 # -- synchronisation: after the collectives of already dispatched jitted programs -------------------------------
@@ -196,7 +188,6 @@ def shutdown() -> None:
     _collectives.shutdown()
 
 
-@blocking
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data and wait until every rank has joined; returns the last to join.
 
@@ -206,7 +197,6 @@ def join(device: int = -1) -> int:
     return _collectives.join(device)
 
 
-@blocking
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the process set has reached the barrier (outside ``jax.jit`` only)."""
     after_jitted_collectives()

@@ -14,7 +14,6 @@ import numpy as np
 
 from horovod.common.basics import Average
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.engine.collectives import blocking
 from horovod.jax import host, jit_ops
 from horovod.jax.adapter import after_jitted_collectives, as_jax, is_traced
 from horovod.jax.compression import Compression
@@ -46,7 +45,6 @@ def _results(arrays: List[np.ndarray], like: List[jax.Array]) -> List[jax.Array]
     return out
 
 
-@blocking
 def allreduce_tree(tree: Any, op: int = Average, name: Optional[str] = None, prescale_factor: float = 1.0,
                    postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
                    compression=Compression.none) -> Any:
@@ -68,7 +66,6 @@ def allreduce_tree(tree: Any, op: int = Average, name: Optional[str] = None, pre
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-@blocking
 def broadcast_tree(tree: Any, root_rank: int, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> Any:
     """``root_rank``'s ``tree`` on every rank (every rank passes a tree of the same structure, shapes and dtypes)."""

@@ -13,7 +13,6 @@ from horovod.common.objects import broadcast_object as _broadcast_object
 from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
 from horovod.engine import collectives
 from horovod.mxnet.mpi_ops import to_numpy, write_back
-from horovod.engine.collectives import blocking
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +37,13 @@ def _param_types() -> Tuple[type, ...]:
     return (dict, param_dict) if param_dict is not None else (dict,)
 
 
-@blocking
 def _broadcast_arrays(groups: Sequence[List[mx.nd.NDArray]], names: Sequence[str], root_rank: int) -> None:
     """Broadcast ``groups[i][0]`` from ``root_rank`` under ``names[i]`` and write it into every array of group i.
 
     All broadcasts are issued before waiting on any, so the engine can fuse them.
     """
     hosts = [to_numpy(g[0], "broadcast_parameters") for g in groups]
-    handles = [collectives.broadcast_async([h], [f"broadcast.{n}"], root_rank, outputs=[h])
+    handles = [collectives.broadcast_async([h], [f"broadcast.{n}"], root_rank, outputs=[h], attended=True)
                for h, n in zip(hosts, names)]
     for handle in handles:
         handle.wait()

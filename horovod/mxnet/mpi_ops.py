@@ -30,7 +30,6 @@ from horovod.common import binding_ops
 from horovod.common.adapter import TensorAdapter, View
 from horovod.common.binding_ops import init, shutdown  # noqa: F401  (every binding's init/shutdown)
 from horovod.common.util import handle_average_backwards_compatibility
-from horovod.engine.collectives import blocking
 
 logger = logging.getLogger(__name__)
 
@@ -142,10 +141,10 @@ def _allreduce(tensors, what: str, average, name, priority, prescale_factor, pos
         _check(tensors, what)
         tensors, names = [tensors], [op_name("allreduce", name, process_set)]
     return binding_ops.complete(binding_ops.allreduce(_ADAPTER, tensors, names, op, prescale_factor,
-                                                      postscale_factor, _set_id(process_set), inplace, grouped))
+                                                      postscale_factor, _set_id(process_set), inplace, grouped,
+                                                      attended=True))
 
 
-@blocking
 def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> NDArray:
@@ -168,7 +167,6 @@ def allreduce(tensor: NDArray, average: Optional[bool] = None, name: Optional[st
                       process_set, op, inplace=False, grouped=False)
 
 
-@blocking
 def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[str] = None, priority: int = 0,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> NDArray:
@@ -177,7 +175,6 @@ def allreduce_(tensor: NDArray, average: Optional[bool] = None, name: Optional[s
                       process_set, op, inplace=True, grouped=False)
 
 
-@blocking
 def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None, name: Optional[str] = None,
                       priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
@@ -186,7 +183,6 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: Optional[bool] = None
                       process_set, op, inplace=False, grouped=True)
 
 
-@blocking
 def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = None, name: Optional[str] = None,
                        priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set, op: Optional[int] = None) -> List[NDArray]:
@@ -196,17 +192,15 @@ def grouped_allreduce_(tensors: Sequence[NDArray], average: Optional[bool] = Non
 
 
 # -- allgather -------------------------------------------------------------------------------------------------
-@blocking
 def allgather(tensor: NDArray, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Concatenate every rank's ``tensor`` along dimension 0 (first dimensions may differ); a new NDArray."""
     _priority(priority)
     _check(tensor, "allgather")
     return binding_ops.complete(binding_ops.allgather(_ADAPTER, [tensor], [op_name("allgather", name, process_set)],
-                                                      _set_id(process_set), grouped=False))
+                                                      _set_id(process_set), grouped=False, attended=True))
 
 
-@blocking
 def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, priority: int = 0,
                       process_set: ProcessSet = global_process_set) -> List[NDArray]:
     """:func:`allgather` of a list of NDArrays as one atomic group."""
@@ -216,7 +210,7 @@ def grouped_allgather(tensors: Sequence[NDArray], name: Optional[str] = None, pr
         return []
     names, _ = group_op_names("grouped_allgather", name, len(tensors), process_set)
     return binding_ops.complete(binding_ops.allgather(_ADAPTER, tensors, names, _set_id(process_set),
-                                                      grouped=True))
+                                                      grouped=True, attended=True))
 
 
 # -- broadcast -------------------------------------------------------------------------------------------------
@@ -225,17 +219,15 @@ def _broadcast(tensor: NDArray, root_rank: int, name: Optional[str], priority, p
     _priority(priority)
     _check(tensor, what)
     return binding_ops.complete(binding_ops.broadcast(_ADAPTER, tensor, op_name("broadcast", name, process_set),
-                                                      root_rank, _set_id(process_set), inplace))
+                                                      root_rank, _set_id(process_set), inplace, attended=True))
 
 
-@blocking
 def broadcast(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> NDArray:
     """Return ``root_rank``'s ``tensor`` on every rank as a new NDArray (the input is not modified)."""
     return _broadcast(tensor, root_rank, name, priority, process_set, "broadcast", inplace=False)
 
 
-@blocking
 def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, priority: int = 0,
                process_set: ProcessSet = global_process_set) -> NDArray:
     """In-place :func:`broadcast`: ``tensor`` receives the root's values and is returned."""
@@ -243,7 +235,6 @@ def broadcast_(tensor: NDArray, root_rank: int, name: Optional[str] = None, prio
 
 
 # -- alltoall --------------------------------------------------------------------------------------------------
-@blocking
 def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority: int = 0,
              process_set: ProcessSet = global_process_set) -> Union[NDArray, Tuple[NDArray, NDArray]]:
     """Send rows ``splits[p]`` of ``tensor`` to member p of the set and gather what the others send here.
@@ -260,12 +251,11 @@ def alltoall(tensor: NDArray, splits=None, name: Optional[str] = None, priority:
     _priority(priority)
     _check(tensor, "alltoall")
     out, received = binding_ops.complete(binding_ops.alltoall(_ADAPTER, tensor, op_name("alltoall", name, process_set),
-                                                              splits, _set_id(process_set)))
+                                                              splits, _set_id(process_set), attended=True))
     return out if splits is None else (out, received)
 
 
 # -- reducescatter ---------------------------------------------------------------------------------------------
-@blocking
 def reducescatter(tensor: NDArray, op: int = Average, name: Optional[str] = None, priority: int = 0,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> NDArray:
@@ -279,10 +269,9 @@ def reducescatter(tensor: NDArray, op: int = Average, name: Optional[str] = None
     _check_not_scalar([tensor], "reducescatter")
     return binding_ops.complete(binding_ops.reducescatter(
         _ADAPTER, [tensor], [op_name("reducescatter", name, process_set)], op, prescale_factor, postscale_factor,
-        _set_id(process_set), grouped=False))
+        _set_id(process_set), grouped=False, attended=True))
 
 
-@blocking
 def grouped_reducescatter(tensors: Sequence[NDArray], op: int = Average, name: Optional[str] = None,
                           priority: int = 0, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> List[NDArray]:
@@ -294,4 +283,5 @@ def grouped_reducescatter(tensors: Sequence[NDArray], op: int = Average, name: O
         return []
     names, _ = group_op_names("grouped_reducescatter", name, len(tensors), process_set)
     return binding_ops.complete(binding_ops.reducescatter(_ADAPTER, tensors, names, op, prescale_factor,
-                                                          postscale_factor, _set_id(process_set), grouped=True))
+                                                          postscale_factor, _set_id(process_set), grouped=True,
+                                                          attended=True))

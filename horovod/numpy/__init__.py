@@ -19,7 +19,6 @@ from horovod.common.objects import allgather_object as _allgather_object
 from horovod.common.objects import broadcast_object as _broadcast_object
 from horovod.common.process_sets import (ProcessSet, _set_id, add_process_set,  # noqa: F401
                                          global_process_set, remove_process_set)
-from horovod.engine.collectives import blocking
 
 # The public API, listed for `import *`, IDEs and mypy (tests/test_public_names.py holds it to the record).
 __all__ = [
@@ -74,10 +73,10 @@ reducescatter = _collectives.reducescatter
 grouped_reducescatter = _collectives.grouped_reducescatter
 
 
-@blocking
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Returns ``output`` when ``splits`` is None, else ``(output, received_splits)``."""
-    output, received = _collectives.run(_collectives.start_alltoall(tensor, splits, name, process_set))
+    output, received = _collectives.run(_collectives.start_alltoall(tensor, splits, name, process_set,
+                                                                     attended=True))
     return output if splits is None else (output, received)
 
 

@@ -38,7 +38,6 @@ from horovod.common import adapter
 from horovod.common.basics import NOT_INITIALIZED
 from horovod.common.exceptions import HorovodInternalError
 from horovod.engine import ops as engine_ops
-from horovod.engine.collectives import blocking
 from horovod.tensorflow import graph_ops
 
 # Per-graph counters of automatic op names (graphs do not take new attributes, hence the side table).
@@ -145,7 +144,7 @@ def run(kernel: Kernel, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DTy
     if executing_eagerly():
         arrays = [to_numpy(t) for t in inputs]
         try:
-            results = _attended(kernel, arrays)
+            results = kernel(*arrays)
         except (HorovodInternalError, ValueError) as exc:
             raise translate_error(exc) from exc
         return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, out_dtypes)]
@@ -188,7 +187,7 @@ def _graph_kernel(kernel: Kernel, out_dtypes: Sequence[tf.DType]) -> Kernel:
 
     def call(*arrays):
         try:
-            results = _attended(kernel, arrays)
+            results = kernel(*arrays)
         except (HorovodInternalError, ValueError) as exc:
             if not _is_precondition_failure(exc):
                 raise   # TF reports a ValueError as InvalidArgumentError, as the original did
@@ -211,12 +210,6 @@ def _fail_on_error(outputs: List[tf.Tensor], error: tf.Tensor, op_type: str) -> 
         anchor = tf.debugging.Assert(tf.equal(tf.strings.length(check), 0), [check])
         with tf.control_dependencies([anchor]):
             return [tf.identity(o) for o in outputs]
-
-
-@blocking
-def _attended(kernel: Kernel, arrays):
-    """Run a kernel: each one waits for the collectives it starts, so it drives them itself."""
-    return kernel(*arrays)
 
 
 def wait(handle):

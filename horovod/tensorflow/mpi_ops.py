@@ -108,7 +108,7 @@ def _allreduce_kernel(base, op, prescale, postscale, set_id, count, grouped):
         handle = collectives.allreduce_async(
             tensors, _names("allreduce", base, count, grouped, set_id), op=op, prescale=prescale, postscale=postscale,
             process_set=set_id, outputs=[np.empty_like(t) for t in tensors], dtypes=[d for _, d in views],
-            grouped=grouped)
+            grouped=grouped, attended=True)
         results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
         return [bridge.from_engine(r, a.dtype) for r, a in zip(results, arrays)]
 
@@ -123,7 +123,8 @@ def _allgather_kernel(base, set_id, count, grouped):
         views = [bridge.movable_view(a) for a in arrays]
         names = _names("allgather", base, count, grouped, set_id)
         handle = collectives.allgather_async([v for v, _, _ in views], names,
-                                             process_set=set_id, dtypes=[d for _, d, _ in views], grouped=grouped)
+                                             process_set=set_id, dtypes=[d for _, d, _ in views], grouped=grouped,
+                                             attended=True)
         results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
         return [restore(r) for (_, _, restore), r in zip(views, results)]
 
@@ -136,7 +137,7 @@ def _broadcast_kernel(base, root_rank, set_id, count, grouped):
         tensors = [v for v, _, _ in views]
         handle = collectives.broadcast_async(tensors, _names("broadcast", base, count, grouped, set_id), root_rank,
                                              process_set=set_id, outputs=[t.copy() for t in tensors],
-                                             dtypes=[d for _, d, _ in views], grouped=grouped)
+                                             dtypes=[d for _, d, _ in views], grouped=grouped, attended=True)
         results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
         return [restore(r) for (_, _, restore), r in zip(views, results)]
 
@@ -148,7 +149,7 @@ def _reducescatter_kernel(base, op, prescale, postscale, set_id, count, grouped)
         views = [bridge.engine_view(a) for a in arrays]
         handle = collectives.reducescatter_async(
             [v for v, _ in views], _names("reducescatter", base, count, grouped, set_id), op=op, prescale=prescale,
-            postscale=postscale, process_set=set_id, dtypes=[d for _, d in views], grouped=grouped)
+            postscale=postscale, process_set=set_id, dtypes=[d for _, d in views], grouped=grouped, attended=True)
         results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
         return [bridge.from_engine(r, a.dtype) for r, a in zip(results, arrays)]
 
@@ -160,7 +161,7 @@ def _alltoall_kernel(base, set_id, with_splits):
         view, dtype, restore = bridge.movable_view(array)
         handle = collectives.alltoall_async(view, collectives.tensor_name("alltoall", base, set_id),
                                             splits.reshape(-1).tolist() if with_splits else None,
-                                            process_set=set_id, dtype=dtype)
+                                            process_set=set_id, dtype=dtype, attended=True)
         output, received = bridge.wait(handle)
         return [restore(output), np.asarray(received, dtype=np.int32)]
 

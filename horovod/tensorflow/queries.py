@@ -29,7 +29,7 @@ def join() -> tf.Tensor:
     Until every rank joined, this rank contributes zeros to the allreduces the others still run.
     """
     def kernel():
-        return [np.asarray(bridge.wait(collectives.join_async()), dtype=np.int32)]
+        return [np.asarray(bridge.wait(collectives.join_async(attended=True)), dtype=np.int32)]
 
     return bridge.run(kernel, [], [tf.int32], "HorovodJoin", [tf.TensorShape([])])[0]
 

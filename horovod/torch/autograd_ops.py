@@ -21,7 +21,6 @@ from horovod.common.basics import Average, rank
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.torch import engine_ops as _ops
 from horovod.torch.compression import Compression
-from horovod.engine.collectives import blocking
 
 # The shared path of every collective (horovod/common/binding_ops.py): the blocking forms below start their
 # operation and return its result directly, without an integer handle.
@@ -52,7 +51,7 @@ class HorovodAllreduce(torch.autograd.Function):
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
         ctx.process_set = process_set
         return _shared.run(_shared.start_allreduce([tensor], name, ctx.op, None, prescale_factor, postscale_factor,
-                                                   process_set, False, False))
+                                                   process_set, False, False, attended=True))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -70,7 +69,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
         ctx.process_set = process_set
         return tuple(_shared.run(_shared.start_allreduce(list(tensors), name, ctx.op, None, prescale_factor,
-                                                         postscale_factor, process_set, False, True)))
+                                                         postscale_factor, process_set, False, True, attended=True)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -79,7 +78,6 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         return (None, None, None, None, None, None, *grads)
 
 
-@blocking
 def allreduce(tensor: torch.Tensor, average=None, name: Optional[str] = None, compression=Compression.none,
               op=None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
@@ -103,7 +101,6 @@ def allreduce(tensor: torch.Tensor, average=None, name: Optional[str] = None, co
     return compression.decompress(reduced, ctx)
 
 
-@blocking
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average=None, name: Optional[str] = None,
                       compression=Compression.none, op=None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
@@ -126,7 +123,7 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0] if tensor.dim() else 1
         ctx.process_set = process_set
-        return _shared.run(_shared.start_allgather([tensor], name, process_set, False))
+        return _shared.run(_shared.start_allgather([tensor], name, process_set, False, attended=True))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -143,7 +140,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.dims = [t.shape[0] if t.dim() else 1 for t in tensors]
         ctx.process_set = process_set
-        return tuple(_shared.run(_shared.start_allgather(list(tensors), name, process_set, True)))
+        return tuple(_shared.run(_shared.start_allgather(list(tensors), name, process_set, True, attended=True)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -154,7 +151,6 @@ class HorovodGroupedAllgather(torch.autograd.Function):
         return (None, None, *grads)
 
 
-@blocking
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dimension 0 (differentiable).
@@ -164,7 +160,6 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
-@blocking
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
     """Allgather a list of tensors as one group (differentiable)."""
@@ -180,7 +175,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _shared.run(_shared.start_broadcast(tensor, root_rank, name, process_set, False))
+        return _shared.run(_shared.start_broadcast(tensor, root_rank, name, process_set, False, attended=True))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -190,7 +185,6 @@ class HorovodBroadcast(torch.autograd.Function):
         return reduced, None, None, None
 
 
-@blocking
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return a copy of ``root_rank``'s ``tensor`` on every rank (differentiable; root is a global rank)."""
@@ -203,7 +197,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = _shared.run(_shared.start_alltoall(tensor, splits, name, process_set))
+        output, received = _shared.run(_shared.start_alltoall(tensor, splits, name, process_set, attended=True))
         ctx.received, ctx.process_set = received, process_set
         if splits is None:
             return output
@@ -217,7 +211,6 @@ class HorovodAlltoall(torch.autograd.Function):
         return grad, None, None, None
 
 
-@blocking
 def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set):
     """Scatter row blocks of ``tensor`` to the ranks of the set and gather theirs (differentiable).
@@ -241,7 +234,7 @@ class HorovodReducescatter(torch.autograd.Function):
         ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set)
         ctx.process_set = process_set
         return _shared.run(_shared.start_reducescatter([tensor], name, op, prescale_factor, postscale_factor,
-                                                       process_set, False))
+                                                       process_set, False, attended=True))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -259,7 +252,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
         ctx.scale = _reducescatter_grad_scale(op, prescale_factor, postscale_factor, process_set)
         ctx.process_set = process_set
         return tuple(_shared.run(_shared.start_reducescatter(list(tensors), name, op, prescale_factor,
-                                                             postscale_factor, process_set, True)))
+                                                             postscale_factor, process_set, True, attended=True)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -269,7 +262,6 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
-@blocking
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none, op=Average,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
@@ -286,7 +278,6 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=
     return compression.decompress(out, ctx)
 
 
-@blocking
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                           compression=Compression.none, op=Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,

@@ -8,11 +8,9 @@ import torch
 from horovod.common import objects as _objects
 from horovod.common.basics import rank
 from horovod.common.process_sets import ProcessSet, _set_id, global_process_set
-from horovod.torch.engine_ops import broadcast_async_, synchronize
-from horovod.engine.collectives import blocking
+from horovod.torch.engine_ops import _collectives
 
 
-@blocking
 def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable], root_rank: int) -> None:
     """Overwrite every rank's parameters with ``root_rank``'s, in place.
 
@@ -34,13 +32,14 @@ def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable], root_
     else:
         raise ValueError(f"invalid params of type: {type(params)}; pass model.state_dict(), "
                          f"model.named_parameters() or a list of tensors")
-    handles = []
+    pending = []
     for name, value in items:
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"broadcast_parameters: entry {name!r} is a {type(value).__name__}, not a tensor")
-        handles.append(broadcast_async_(value, root_rank, name))
-    for handle in handles:
-        synchronize(handle)
+        # Every broadcast is issued before waiting on any (the engine fuses them); the caller waits right away.
+        pending.append(_collectives.start_broadcast(value, root_rank, name, global_process_set, True, attended=True))
+    for started in pending:
+        _collectives.run(started)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
@@ -113,7 +112,6 @@ def _state_layout(optimizer: torch.optim.Optimizer) -> List[Dict[str, Any]]:
     return layout
 
 
-@blocking
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model=None) -> None:
     """Overwrite every rank's optimizer state and options (learning rate, momentum, ...) with ``root_rank``'s.
 
@@ -151,7 +149,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         for group, opts in zip(optimizer.param_groups, root_options):
             group.update(opts)
 
-    handles = []
+    pending = []
     for index, (p, entries) in enumerate(zip(params, root_layout)):
         if not entries:
             optimizer.state.pop(p, None)   # the root has no state for p (e.g. it never had a gradient)
@@ -173,6 +171,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
                     device = torch.device("cpu")   # torch keeps scalar step counters on the host
                 current = torch.zeros(shape, dtype=dtype, device=device)
                 state[key] = current
-            handles.append(broadcast_async_(current, root_rank, f"optimizer_state.{index}.{key}"))
-    for handle in handles:
-        synchronize(handle)
+            pending.append(_collectives.start_broadcast(current, root_rank, f"optimizer_state.{index}.{key}",
+                                                        global_process_set, True, attended=True))
+    for started in pending:
+        _collectives.run(started)
