@@ -1,9 +1,11 @@
 """The one table of knobs, and the frozen configuration resolved from it at ``init()``.
 
-Every tunable of the project is declared here exactly once: its name, type, default, the ``HOROVOD_*``
-environment variable that carries it to a worker, the ``horovodrun`` flag that sets it, and its key in a
-``--config-file`` YAML.  The launcher generates its flags from this table; the engine reads its values
-from the environment through :func:`load` and nowhere else.
+Every tunable of the project is declared here exactly once, as a typed field of :class:`Config`: its name, type,
+default, the ``HOROVOD_*`` environment variable that carries it to a worker, the ``horovodrun`` flag that sets it,
+its key in a ``--config-file`` YAML and the values it accepts (:func:`horovod.engine.knobs.knob`).
+:data:`KNOBS` is read back from the class; the launcher generates its flags from it and the engine reads its
+values from the environment through :func:`load` and nowhere else.  A misspelt knob (``config.fusion_threshol``)
+is a mypy error, and a value outside what the table accepts is a ``ValueError`` naming the variable.
 
 Precedence (highest first): explicit argument > horovodrun flag > ``HOROVOD_*`` environment > config file >
 default.  The launcher folds flags and the config file into the workers' environment, so a worker only has
@@ -13,193 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+import typing
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
-MIB = 1024 * 1024
+from horovod.engine.knobs import MIB, Knob, knob, table
 
-
-@dataclass(frozen=True)
-class Knob:
-    """One tunable.
-
-    Attributes:
-        name: attribute name on :class:`Config`.
-        type: ``int``, ``float``, ``bool`` or ``str``.
-        default: value when nothing sets it.
-        env: the ``HOROVOD_*`` variable carrying it to workers (``None``: launcher-only).
-        flag: the ``horovodrun`` long flag, or ``None``.
-        config_key: ``section.key`` in the YAML config file, or ``None``.
-        help: one line for ``horovodrun --help``.
-        negatable: the flag also has a ``--no-`` form (booleans).
-        flag_scale: a flag value is multiplied by this before it goes into ``env`` (MiB → bytes).
-        inverted: the flag / config value is the logical complement of the env value.
-        aliases: extra spellings of the flag.
-    """
-
-    name: str
-    type: type
-    default: Any
-    env: Optional[str]
-    flag: Optional[str]
-    config_key: Optional[str]
-    help: str
-    negatable: bool = False
-    flag_scale: float = 1
-    inverted: bool = False
-    aliases: Tuple[str, ...] = ()
-
-
-KNOBS: Tuple[Knob, ...] = (
-    # Tensor fusion and the coordinator's batching window.
-    Knob("fusion_threshold", int, 128 * MIB, "HOROVOD_FUSION_THRESHOLD", "--fusion-threshold-mb",
-         "params.fusion_threshold_mb", "Fusion buffer threshold in MB; 0 disables tensor fusion.", flag_scale=MIB),
-    Knob("cycle_time_ms", float, 0.0, "HOROVOD_CYCLE_TIME", "--cycle-time-ms", "params.cycle_time_ms",
-         "Batching window in ms: how long the coordinator may hold ready tensors to fuse more of them "
-         "(0: dispatch as soon as the data plane is free)."),
-    Knob("cache_capacity", int, 1024, "HOROVOD_CACHE_CAPACITY", "--cache-capacity", "params.cache_capacity",
-         "Response cache slots, the same on every rank: on one host (shm) a repeated collective runs from every "
-         "rank's cache after one AND of hit bits per round, without the coordinator; otherwise a repeated request "
-         "travels as a slot number and skips validation (0 disables both)."),
-    Knob("hierarchical_allreduce", bool, False, "HOROVOD_HIERARCHICAL_ALLREDUCE", "--hierarchical-allreduce",
-         "params.hierarchical_allreduce", "Reduce inside each host first, then across hosts.", negatable=True),
-    Knob("hierarchical_allgather", bool, False, "HOROVOD_HIERARCHICAL_ALLGATHER", "--hierarchical-allgather",
-         "params.hierarchical_allgather", "Gather inside each host first, then across hosts.", negatable=True),
-    Knob("torus_allreduce", bool, False, "HOROVOD_TORUS_ALLREDUCE", "--torus-allreduce",
-         "params.torus_allreduce", "2D torus allreduce (accepted for compatibility; CPU paths ignore it).",
-         negatable=True),
-    # Autotune.
-    Knob("autotune", bool, False, "HOROVOD_AUTOTUNE", "--autotune", "autotune.enabled",
-         "Tune the fusion threshold and cycle time with Bayesian optimisation (knobs set explicitly stay fixed).",
-         negatable=True),
-    Knob("autotune_log", str, "", "HOROVOD_AUTOTUNE_LOG", "--autotune-log-file", "autotune.log_file",
-         "CSV file where rank 0 logs every autotune sample."),
-    Knob("autotune_warmup_samples", int, 3, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "--autotune-warmup-samples",
-         "autotune.warmup_samples", "Samples discarded before tuning starts."),
-    Knob("autotune_steps_per_sample", int, 10, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "--autotune-steps-per-sample",
-         "autotune.steps_per_sample", "Steps measured per sample."),
-    Knob("autotune_bayes_opt_max_samples", int, 20, "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-         "--autotune-bayes-opt-max-samples", "autotune.bayes_opt_max_samples",
-         "Maximum samples of the Bayesian optimisation."),
-    Knob("autotune_gaussian_process_noise", float, 0.8, "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
-         "--autotune-gaussian-process-noise", "autotune.gaussian_process_noise",
-         "Noise (alpha) of the Gaussian process, in [0, 1]."),
-    # Timeline.
-    Knob("timeline", str, "", "HOROVOD_TIMELINE", "--timeline-filename", "timeline.filename",
-         "Write a Chrome-trace timeline to this file on rank 0 (DYNAMIC: only after start_timeline())."),
-    Knob("timeline_mark_cycles", bool, False, "HOROVOD_TIMELINE_MARK_CYCLES", "--timeline-mark-cycles",
-         "timeline.mark_cycles", "Mark coordinator cycles in the timeline.", negatable=True),
-    # Stall inspector.
-    Knob("stall_check_disable", bool, False, "HOROVOD_STALL_CHECK_DISABLE", "--no-stall-check",
-         "stall_check.enabled", "Disable the stall inspector.", inverted=True),
-    Knob("stall_check_time_seconds", int, 60, "HOROVOD_STALL_CHECK_TIME_SECONDS",
-         "--stall-check-warning-time-seconds", "stall_check.warning_time_seconds",
-         "Warn when some ranks have waited this long for the others."),
-    Knob("stall_shutdown_time_seconds", int, 0, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-         "--stall-check-shutdown-time-seconds", "stall_check.shutdown_time_seconds",
-         "Fail the stalled collectives after this long (0: never; a value below the warning time is raised to it)."),
-    # Library options.
-    Knob("mpi_threads_disable", bool, False, "HOROVOD_MPI_THREADS_DISABLE", "--mpi-threads-disable",
-         "library_options.mpi_threads_disable", "Request MPI_THREAD_SINGLE instead of MPI_THREAD_MULTIPLE.",
-         negatable=True),
-    Knob("num_nccl_streams", int, 1, "HOROVOD_NUM_NCCL_STREAMS", "--num-nccl-streams",
-         "library_options.num_nccl_streams", "CUDA streams (each with its own NCCL communicator) that GPU "
-         "collectives take turns on; more than 1 lets independent collectives overlap."),
-    Knob("gpu_operations", str, "", "HOROVOD_GPU_OPERATIONS", None, None,
-         "How collectives on GPU tensors run: NCCL, or HOST (staged through pinned host memory and the CPU "
-         "transport); empty: NCCL where every rank can load it and no two ranks share a GPU, else HOST."),
-    Knob("nccl_so_path", str, "", "HOROVOD_NCCL_SO_PATH", None, None,
-         "The NCCL library (or an NCCL-compatible one: RCCL, a vendor's) to load; empty: the nvidia-nccl wheel "
-         "of this Python, then the system's libnccl.so.2."),
-    Knob("thread_affinity", str, "", "HOROVOD_THREAD_AFFINITY", "--thread-affinity",
-         "library_options.thread_affinity", "Comma-separated core ids, one per local rank, for the background "
-         "thread."),
-    Knob("bind_cores", bool, False, "HOROVOD_BIND_CORES", "--bind-cores", None,
-         "Bind each worker to its own share of its host's cores (cores // workers on the host); horovodrun, "
-         "horovod.run, Spark and Ray turn it on unless you set it (or set OMP_NUM_THREADS above that share). "
-         "Ignored when a host has more workers than cores.",
-         negatable=True),
-    Knob("gloo_timeout_seconds", int, 30, "HOROVOD_GLOO_TIMEOUT_SECONDS", "--gloo-timeout-seconds",
-         "library_options.gloo_timeout_seconds",
-         "Seconds a transport waits on a peer before the collective fails (also bounds rendezvous)."),
-    # The hang doctor (horovod/engine/flight_recorder.py, horovod/doctor; docs/debugging.md).
-    Knob("flight_recorder_size", int, 2000, "HOROVOD_FLIGHT_RECORDER_SIZE", "--flight-recorder-size",
-         None,
-         "About how many of its last collectives every rank's flight recorder keeps for hang dumps (0: off)."),
-    Knob("flight_recorder_dir", str, "", "HOROVOD_FLIGHT_RECORDER_DIR", "--flight-recorder-dir",
-         None,
-         "Directory for hang dumps (each rank's recorder and thread stacks); horovodrun makes one per job; "
-         "empty outside horovodrun: <tmp>/horovod-flight-recorder."),
-    # Logging.
-    Knob("log_level", str, "WARNING", "HOROVOD_LOG_LEVEL", "--log-level", "logging.level",
-         "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL."),
-    Knob("log_hide_time", bool, False, "HOROVOD_LOG_HIDE_TIME", "--log-without-timestamp",
-         "logging.with_timestamp", "Hide timestamps in Horovod log lines.", inverted=True),
-    # Controller / data plane selection.
-    Knob("controller", str, "", "HOROVOD_CONTROLLER", None, "controller",
-         "gloo (built-in) or mpi; empty: chosen from how the job was launched."),
-    Knob("cpu_operations", str, "", "HOROVOD_CPU_OPERATIONS", None, None,
-         "gloo (built-in transports) or mpi; empty: chosen from how the job was launched."),
-    Knob("transport", str, "auto", "HOROVOD_TRANSPORT", "--transport", "params.transport",
-         "Data plane: auto, tcp, shm or mpi (auto: shm inside a host, tcp across hosts; mpi under mpirun)."),
-    # Engine behaviour.
-    Knob("dynamic_process_sets", bool, False, "HOROVOD_DYNAMIC_PROCESS_SETS", None, None,
-         "Allow add_process_set / remove_process_set after init."),
-    Knob("disable_group_fusion", bool, False, "HOROVOD_DISABLE_GROUP_FUSION", None, None,
-         "Fuse each explicit group on its own."),
-    Knob("elastic", bool, False, "HOROVOD_ELASTIC", None, None, "Set by the launcher for elastic jobs."),
-    Knob("elastic_timeout_seconds", int, 600, "HOROVOD_ELASTIC_TIMEOUT", None, None,
-         "Elastic jobs: seconds to wait for enough slots (min-np) after a change before failing."),
-    Knob("init_timeout_seconds", int, 120, "HOROVOD_INIT_TIMEOUT_SECONDS", None, None,
-         "Seconds init() waits for every rank to reach it (slow imports on busy hosts need headroom)."),
-    Knob("inline_bytes", int, 1024, "HOROVOD_INLINE_BYTES", None, None,
-         "Allreduces of at most this many bytes travel with their request and are reduced by the coordinator "
-         "(one round trip instead of negotiation plus a collective); 0 disables."),
-    Knob("fast_lane", bool, True, "HOROVOD_FAST_LANE", None, None,
-         "Ranks of one host agree on tiny blocking allreduces (at most HOROVOD_INLINE_BYTES and 1 KiB) through "
-         "shared memory and reduce them themselves, without the coordinator; anything else, or a mismatch, takes "
-         "the coordinator path (0 disables)."),
-    Knob("spin_us", float, 100.0, "HOROVOD_SPIN_US", None, None,
-         "Microseconds a rank waiting for its collective re-checks the control plane before it blocks; only when "
-         "every local rank has a core of its own (0 disables)."),
-    # 4 MiB: each collective of a step costs ~0.1-0.3 ms of Python after a backward pass, so fewer, larger buckets
-    # win (benchmarks/torch_training.py models: +1-8 % against 1 MiB, NOTES.md); still far below DDP's 25 MiB, so
-    # buckets keep leaving during backward.
-    Knob("gradient_bucket_bytes", int, 4 * MIB, "HOROVOD_GRADIENT_BUCKET_BYTES", None, None,
-         "horovod.torch, horovod.tensorflow and Keras DistributedOptimizer / DistributedGradientTape (without "
-         "groups, not Adasum): small gradients travel packed in buckets of up to "
-         "this many bytes, one allreduce per bucket (0: one allreduce per gradient)."),
-    Knob("small_message_bytes", int, 256 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
-         "tcp transport: below this many bytes, latency-optimal algorithms instead of rings (shm switches at "
-         "1 MiB on its own)."),
-)
-
-KNOBS_BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}
-
-
-def parse_value(knob: Knob, raw: str) -> Any:
-    """Parse a knob's environment string the way the original's core did (booleans: integer > 0)."""
-    raw = raw.strip()
-    if knob.type is bool:
-        if raw.lower() in ("true", "yes", "on"):
-            return True
-        if raw.lower() in ("false", "no", "off", ""):
-            return False
-        try:
-            return int(float(raw)) > 0
-        except ValueError as exc:
-            raise ValueError(f"{knob.env}={raw!r}: expected 0 or 1") from exc
-    if knob.type is int:
-        try:
-            return int(float(raw))
-        except ValueError as exc:
-            raise ValueError(f"{knob.env}={raw!r}: expected an integer") from exc
-    if knob.type is float:
-        try:
-            return float(raw)
-        except ValueError as exc:
-            raise ValueError(f"{knob.env}={raw!r}: expected a number") from exc
-    return raw
+#: Upper limit of the byte-count knobs (1 TiB): far above any sensible buffer, far below an overflow.
+MAX_BYTES = 1 << 40
+#: Upper limit of the timeouts, in seconds (a year: "never" in practice; larger values overflow some waits).
+MAX_SECONDS = 365 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -223,27 +48,207 @@ class Topology:
 
 @dataclass(frozen=True)
 class Config:
-    """Frozen knob values for one ``init()``; built by :func:`load`."""
+    """Frozen knob values for one ``init()``; built by :func:`load`.  The class body is the knob table."""
 
-    values: Mapping[str, Any] = field(default_factory=dict)
-    fixed: frozenset = frozenset()   # knobs set explicitly (autotune leaves them alone)
+    # Tensor fusion and the coordinator's batching window.
+    fusion_threshold: int = knob(
+        128 * MIB, "HOROVOD_FUSION_THRESHOLD", "Fusion buffer threshold in MB; 0 disables tensor fusion.",
+        flag="--fusion-threshold-mb", config_key="params.fusion_threshold_mb", flag_scale=MIB, minimum=0,
+        maximum=MAX_BYTES)
+    # nan or inf would hold every collective that is not fused at once for ever (issue 38, E4).
+    cycle_time_ms: float = knob(
+        0.0, "HOROVOD_CYCLE_TIME", "Batching window in ms: how long the coordinator may hold ready tensors to fuse "
+        "more of them (0: dispatch as soon as the data plane is free).",
+        flag="--cycle-time-ms", config_key="params.cycle_time_ms", minimum=0, maximum=60_000)
+    # The coordinator keeps a free list of every slot: the limit bounds that list to a few MiB.
+    cache_capacity: int = knob(
+        1024, "HOROVOD_CACHE_CAPACITY", "Response cache slots, the same on every rank: on one host (shm) a repeated "
+        "collective runs from every rank's cache after one AND of hit bits per round, without the coordinator; "
+        "otherwise a repeated request travels as a slot number and skips validation (0 disables both).",
+        flag="--cache-capacity", config_key="params.cache_capacity", minimum=0, maximum=1 << 20)
+    hierarchical_allreduce: bool = knob(
+        False, "HOROVOD_HIERARCHICAL_ALLREDUCE", "Reduce inside each host first, then across hosts.",
+        flag="--hierarchical-allreduce", config_key="params.hierarchical_allreduce", negatable=True)
+    hierarchical_allgather: bool = knob(
+        False, "HOROVOD_HIERARCHICAL_ALLGATHER", "Gather inside each host first, then across hosts.",
+        flag="--hierarchical-allgather", config_key="params.hierarchical_allgather", negatable=True)
+    torus_allreduce: bool = knob(
+        False, "HOROVOD_TORUS_ALLREDUCE", "2D torus allreduce (accepted for compatibility; CPU paths ignore it).",
+        flag="--torus-allreduce", config_key="params.torus_allreduce", negatable=True)
+    # Autotune.
+    autotune: bool = knob(
+        False, "HOROVOD_AUTOTUNE", "Tune the fusion threshold and cycle time with Bayesian optimisation (knobs set "
+        "explicitly stay fixed).", flag="--autotune", config_key="autotune.enabled", negatable=True)
+    autotune_log: str = knob(
+        "", "HOROVOD_AUTOTUNE_LOG", "CSV file where rank 0 logs every autotune sample.",
+        flag="--autotune-log-file", config_key="autotune.log_file")
+    autotune_warmup_samples: int = knob(
+        3, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "Samples discarded before tuning starts.",
+        flag="--autotune-warmup-samples", config_key="autotune.warmup_samples", minimum=0, maximum=1_000_000)
+    autotune_steps_per_sample: int = knob(
+        10, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "Steps measured per sample.",
+        flag="--autotune-steps-per-sample", config_key="autotune.steps_per_sample", minimum=1, maximum=1_000_000)
+    autotune_bayes_opt_max_samples: int = knob(
+        20, "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "Maximum samples of the Bayesian optimisation.",
+        flag="--autotune-bayes-opt-max-samples", config_key="autotune.bayes_opt_max_samples", minimum=1,
+        maximum=1_000_000)
+    autotune_gaussian_process_noise: float = knob(
+        0.8, "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "Noise (alpha) of the Gaussian process, in [0, 1].",
+        flag="--autotune-gaussian-process-noise", config_key="autotune.gaussian_process_noise", minimum=0,
+        maximum=1)
+    # Timeline.
+    timeline: str = knob(
+        "", "HOROVOD_TIMELINE", "Write a Chrome-trace timeline to this file on rank 0 (DYNAMIC: only after "
+        "start_timeline()).", flag="--timeline-filename", config_key="timeline.filename")
+    timeline_mark_cycles: bool = knob(
+        False, "HOROVOD_TIMELINE_MARK_CYCLES", "Mark coordinator cycles in the timeline.",
+        flag="--timeline-mark-cycles", config_key="timeline.mark_cycles", negatable=True)
+    # Stall inspector.
+    stall_check_disable: bool = knob(
+        False, "HOROVOD_STALL_CHECK_DISABLE", "Disable the stall inspector.",
+        flag="--no-stall-check", config_key="stall_check.enabled", inverted=True)
+    stall_check_time_seconds: int = knob(
+        60, "HOROVOD_STALL_CHECK_TIME_SECONDS", "Warn when some ranks have waited this long for the others.",
+        flag="--stall-check-warning-time-seconds", config_key="stall_check.warning_time_seconds", minimum=0,
+        maximum=MAX_SECONDS)
+    stall_shutdown_time_seconds: int = knob(
+        0, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "Fail the stalled collectives after this long (0: never; a value "
+        "below the warning time is raised to it).", flag="--stall-check-shutdown-time-seconds",
+        config_key="stall_check.shutdown_time_seconds", minimum=0, maximum=MAX_SECONDS)
+    # Library options.
+    mpi_threads_disable: bool = knob(
+        False, "HOROVOD_MPI_THREADS_DISABLE", "Request MPI_THREAD_SINGLE instead of MPI_THREAD_MULTIPLE.",
+        flag="--mpi-threads-disable", config_key="library_options.mpi_threads_disable", negatable=True)
+    num_nccl_streams: int = knob(
+        1, "HOROVOD_NUM_NCCL_STREAMS", "CUDA streams (each with its own NCCL communicator) that GPU collectives "
+        "take turns on; more than 1 lets independent collectives overlap.",
+        flag="--num-nccl-streams", config_key="library_options.num_nccl_streams", minimum=1, maximum=64)
+    gpu_operations: str = knob(
+        "", "HOROVOD_GPU_OPERATIONS", "How collectives on GPU tensors run: NCCL, or HOST (staged through pinned "
+        "host memory and the CPU transport); empty: NCCL where every rank can load it and no two ranks share a "
+        "GPU, else HOST.", choices=("", "NCCL", "HOST"))
+    nccl_so_path: str = knob(
+        "", "HOROVOD_NCCL_SO_PATH", "The NCCL library (or an NCCL-compatible one: RCCL, a vendor's) to load; "
+        "empty: the nvidia-nccl wheel of this Python, then the system's libnccl.so.2.")
+    thread_affinity: str = knob(
+        "", "HOROVOD_THREAD_AFFINITY", "Comma-separated core ids, one per local rank, for the background thread.",
+        flag="--thread-affinity", config_key="library_options.thread_affinity",
+        pattern=r"\s*(\d+\s*(,\s*\d+\s*)*)?", pattern_help="comma-separated core ids such as 0,1 (or empty)")
+    bind_cores: bool = knob(
+        False, "HOROVOD_BIND_CORES", "Bind each worker to its own share of its host's cores (cores // workers on "
+        "the host); horovodrun, horovod.run, Spark and Ray turn it on unless you set it (or set OMP_NUM_THREADS "
+        "above that share). Ignored when a host has more workers than cores.", flag="--bind-cores", negatable=True)
+    # 0 would fail every wait at once and blame the peers for it.
+    gloo_timeout_seconds: int = knob(
+        30, "HOROVOD_GLOO_TIMEOUT_SECONDS", "Seconds a transport waits on a peer before the collective fails (also "
+        "bounds rendezvous).", flag="--gloo-timeout-seconds", config_key="library_options.gloo_timeout_seconds",
+        minimum=1, maximum=MAX_SECONDS)
+    # The hang doctor (horovod/engine/flight_recorder.py, horovod/doctor; docs/debugging.md).
+    flight_recorder_size: int = knob(
+        2000, "HOROVOD_FLIGHT_RECORDER_SIZE", "About how many of its last collectives every rank's flight recorder "
+        "keeps for hang dumps (0: off).", flag="--flight-recorder-size", minimum=0, maximum=1_000_000)
+    flight_recorder_dir: str = knob(
+        "", "HOROVOD_FLIGHT_RECORDER_DIR", "Directory for hang dumps (each rank's recorder and thread stacks); "
+        "horovodrun makes one per job; empty outside horovodrun: <tmp>/horovod-flight-recorder.",
+        flag="--flight-recorder-dir")
+    # Logging.
+    log_level: str = knob(
+        "WARNING", "HOROVOD_LOG_LEVEL", "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL.",
+        flag="--log-level", config_key="logging.level", choices=("TRACE", "DEBUG", "INFO", "WARNING", "ERROR",
+                                                                  "FATAL"))
+    log_hide_time: bool = knob(
+        False, "HOROVOD_LOG_HIDE_TIME", "Hide timestamps in Horovod log lines.",
+        flag="--log-without-timestamp", config_key="logging.with_timestamp", inverted=True)
+    # Controller / data plane selection.
+    controller: str = knob(
+        "", "HOROVOD_CONTROLLER", "gloo (built-in) or mpi; empty: chosen from how the job was launched.",
+        config_key="controller", choices=("", "gloo", "mpi"))
+    cpu_operations: str = knob(
+        "", "HOROVOD_CPU_OPERATIONS", "gloo (built-in transports) or mpi; empty: chosen from how the job was "
+        "launched.", choices=("", "gloo", "mpi"))
+    transport: str = knob(
+        "auto", "HOROVOD_TRANSPORT", "Data plane: auto, tcp, shm or mpi (auto: shm inside a host, tcp across "
+        "hosts; mpi under mpirun).", flag="--transport", config_key="params.transport",
+        choices=("auto", "tcp", "shm", "mpi", "hierarchical"))
+    # Engine behaviour.
+    dynamic_process_sets: bool = knob(
+        False, "HOROVOD_DYNAMIC_PROCESS_SETS", "Allow add_process_set / remove_process_set after init.")
+    disable_group_fusion: bool = knob(
+        False, "HOROVOD_DISABLE_GROUP_FUSION", "Fuse each explicit group on its own.")
+    elastic: bool = knob(False, "HOROVOD_ELASTIC", "Set by the launcher for elastic jobs.")
+    elastic_timeout_seconds: int = knob(
+        600, "HOROVOD_ELASTIC_TIMEOUT", "Elastic jobs: seconds to wait for enough slots (min-np) after a change "
+        "before failing.", minimum=1, maximum=MAX_SECONDS)
+    init_timeout_seconds: int = knob(
+        120, "HOROVOD_INIT_TIMEOUT_SECONDS", "Seconds init() waits for every rank to reach it (slow imports on busy "
+        "hosts need headroom).", minimum=1, maximum=MAX_SECONDS)
+    inline_bytes: int = knob(
+        1024, "HOROVOD_INLINE_BYTES", "Allreduces of at most this many bytes travel with their request and are "
+        "reduced by the coordinator (one round trip instead of negotiation plus a collective); 0 disables.",
+        minimum=0, maximum=MAX_BYTES)
+    fast_lane: bool = knob(
+        True, "HOROVOD_FAST_LANE", "Ranks of one host agree on tiny blocking allreduces (at most "
+        "HOROVOD_INLINE_BYTES and 1 KiB) through shared memory and reduce them themselves, without the "
+        "coordinator; anything else, or a mismatch, takes the coordinator path (0 disables).")
+    # Spinning is bounded: a second of busy waiting per collective is already far past any use.
+    spin_us: float = knob(
+        100.0, "HOROVOD_SPIN_US", "Microseconds a rank waiting for its collective re-checks the control plane "
+        "before it blocks; only when every local rank has a core of its own (0 disables).",
+        minimum=0, maximum=1_000_000)
+    # 4 MiB: each collective of a step costs ~0.1-0.3 ms of Python after a backward pass, so fewer, larger buckets
+    # win (benchmarks/torch_training.py models: +1-8 % against 1 MiB, NOTES.md); still far below DDP's 25 MiB, so
+    # buckets keep leaving during backward.
+    gradient_bucket_bytes: int = knob(
+        4 * MIB, "HOROVOD_GRADIENT_BUCKET_BYTES", "horovod.torch, horovod.tensorflow and Keras "
+        "DistributedOptimizer / DistributedGradientTape (without groups, not Adasum): small gradients travel "
+        "packed in buckets of up to this many bytes, one allreduce per bucket (0: one allreduce per gradient).",
+        minimum=0, maximum=MAX_BYTES)
+    small_message_bytes: int = knob(
+        256 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", "tcp transport: below this many bytes, latency-optimal "
+        "algorithms instead of rings (shm switches at 1 MiB on its own).", minimum=0, maximum=MAX_BYTES)
+
+    # Not knobs: resolved by load() beside them.
+    #: NCCL's own switch (2.30+, ``NCCL_MULTI_RANK_GPU_ENABLE``) for several ranks of one communicator on one GPU:
+    #: the device data plane must know whether NCCL will accept that before it creates a communicator.
+    nccl_multi_rank_gpu: bool = False
+    #: Knobs set explicitly (autotune leaves them alone).
+    fixed: FrozenSet[str] = frozenset()
     topology: Topology = Topology()
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["values"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def __post_init__(self) -> None:
+        # load() has checked what it read, naming the variable; this catches replace() and direct construction.
+        for k in KNOBS:
+            k.check(getattr(self, k.name))
 
-    def replace(self, **changes: Any) -> "Config":
-        """A copy with some knob values changed (used by autotune and tests)."""
-        return dataclasses.replace(self, values={**self.values, **changes})
+    @property
+    def values(self) -> Dict[str, Any]:
+        """Every knob's value by name."""
+        return {k.name: getattr(self, k.name) for k in KNOBS}
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some knob values changed (used by autotune and tests).
+
+        Raises:
+            TypeError: a name is not a field of :class:`Config`.
+            ValueError: a value is not accepted by its knob.
+        """
+        return dataclasses.replace(self, **changes)
+
+
+#: Every knob, in table order (read back from :class:`Config`).
+KNOBS: Tuple[Knob, ...] = table(Config, typing.get_type_hints(Config))
+KNOBS_BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}
+
+
+def parse_value(knob: Knob, raw: str) -> Any:
+    """Parse a knob's environment string (see :meth:`Knob.parse`); the value is not range-checked here."""
+    return knob.parse(raw)
 
 
 SECRET_ENV = "_HOROVOD_SECRET_KEY"
 
 
-def _first_int(env: Mapping[str, str], names, default: int) -> int:
+def _first_int(env: Mapping[str, str], names: Sequence[str], default: int) -> int:
     for name in names:
         if env.get(name, "") != "":
             return int(env[name])
@@ -284,7 +289,7 @@ def topology_from_env(env: Mapping[str, str]) -> Topology:
 
 
 def load(env: Optional[Mapping[str, str]] = None, **overrides: Any) -> Config:
-    """Resolve every knob: explicit ``overrides`` > environment > default.
+    """Resolve and check every knob: explicit ``overrides`` > environment > default.
 
     Args:
         env: the environment to read (``os.environ`` when ``None``).
@@ -294,24 +299,36 @@ def load(env: Optional[Mapping[str, str]] = None, **overrides: Any) -> Config:
         The frozen :class:`Config`.
 
     Raises:
-        ValueError: a variable does not parse, naming the variable and the value received.
+        ValueError: a variable does not parse or is not accepted by its knob (not finite, out of range, not one of
+            its choices), naming the variable, the value received and what is accepted.
     """
     env = os.environ if env is None else env
     values: Dict[str, Any] = {}
     fixed = set()
-    for knob in KNOBS:
-        if knob.name in overrides:
-            values[knob.name] = overrides[knob.name]
-            fixed.add(knob.name)
-        elif knob.env and env.get(knob.env, "") != "":
-            values[knob.name] = parse_value(knob, env[knob.env])
-            fixed.add(knob.name)
-        else:
-            values[knob.name] = knob.default
-    # NCCL's own switch (2.30+) for several ranks of one communicator on one GPU: the device data plane must know
-    # whether NCCL will accept that before it creates a communicator.
-    values["nccl_multi_rank_gpu"] = env.get("NCCL_MULTI_RANK_GPU_ENABLE", "0") not in ("", "0")
-    return Config(values=values, fixed=frozenset(fixed), topology=topology_from_env(env))
+    for k in KNOBS:
+        if k.name in overrides:
+            value = overrides[k.name]
+            k.check(value, f"{k.name}={value!r} (given explicitly)")
+            values[k.name] = value
+            fixed.add(k.name)
+        elif k.env and env.get(k.env, "") != "":
+            values[k.name] = k.load(env[k.env])
+            fixed.add(k.name)
+    # NCCL's own switch (2.30+) for several ranks of one communicator on one GPU.
+    multi_rank_gpu = env.get("NCCL_MULTI_RANK_GPU_ENABLE", "0") not in ("", "0")
+    return Config(**values, nccl_multi_rank_gpu=multi_rank_gpu, fixed=frozenset(fixed),
+                  topology=topology_from_env(env))
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Check every knob variable set in ``env`` (the launcher, before it hands ``env`` to its workers).
+
+    Raises:
+        ValueError: as :func:`load`, for the first variable that is not accepted.
+    """
+    for k in KNOBS:
+        if k.env and env.get(k.env, "") != "":
+            k.load(env[k.env])
 
 
 def env_value(knob: Knob, value: Any) -> str:
@@ -348,19 +365,21 @@ def set_environ(name: str, value: Optional[str]) -> None:
         os.environ[name] = value
 
 
-
 def markdown_table() -> str:
     """Every knob as a Markdown table (``python -m horovod.engine.config > docs/knobs.md``)."""
     lines = ["# Knobs", "", "Generated from `horovod/engine/config.py` by `python -m horovod.engine.config`; "
-             "precedence: explicit argument > horovodrun flag > `HOROVOD_*` environment > config file > default.",
-             "", "| knob | environment | horovodrun flag | config file | default | meaning |",
-             "|---|---|---|---|---|---|"]
+             "precedence: explicit argument > horovodrun flag > `HOROVOD_*` environment > config file > default. "
+             "A value outside *accepted* stops `hvd.init()` (and `horovodrun`, for a flag) with an error naming "
+             "the variable.",
+             "", "| knob | environment | horovodrun flag | config file | default | accepted | meaning |",
+             "|---|---|---|---|---|---|---|"]
     for k in KNOBS:
         flag = k.flag or ""
         if flag and k.negatable:
             flag += f" / --no-{flag[2:]}"
         default = f"{k.default // MIB} MiB" if k.flag_scale == MIB else repr(k.default)
-        lines.append(f"| `{k.name}` | `{k.env or ''}` | `{flag}` | `{k.config_key or ''}` | {default} | {k.help} |")
+        lines.append(f"| `{k.name}` | `{k.env or ''}` | `{flag}` | `{k.config_key or ''}` | {default} | "
+                     f"{k.accepted()} | {k.help} |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ file can override the ones before it and yield to the ones after it (see :mod:`h
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 from horovod.engine import config
 
@@ -21,10 +21,7 @@ OVERRIDES_ATTR = "config_overrides"
 #: Attribute of the parsed namespace holding the dests whose value came from the config file.
 FROM_CONFIG_ATTR = "config_values"
 
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
-
-#: Launcher-side value checks the knob table does not carry (knob name → allowed values).
-_CHOICES: Mapping[str, Sequence[str]] = {"log_level": LOG_LEVELS}
+LOG_LEVELS: Sequence[str] = config.KNOBS_BY_NAME["log_level"].choices
 
 #: Dests of the controller flags; the config file's ``controller`` key sets them.
 CONTROLLER_DESTS = ("use_gloo", "use_mpi", "use_jsrun")
@@ -96,8 +93,10 @@ class _NicsAction(argparse.Action):
         setattr(namespace, self.dest, current)
 
 
-def _log_level(value: str) -> str:
-    return value.upper()
+def _choice(knob: config.Knob) -> Callable[[str], str]:
+    """Argparse ``type`` of a knob with choices: the table's spelling of a choice given in any case."""
+    spelling = {c.lower(): c for c in knob.choices}
+    return lambda value: spelling.get(value.strip().lower(), value)
 
 
 def _shown_default(knob: config.Knob) -> Any:
@@ -132,8 +131,8 @@ def _add_knob(parser: argparse.ArgumentParser, groups: Dict[str, argparse._Argum
     if knob.inverted:
         raise ValueError(f"knob {knob.name!r}: only boolean knobs can be inverted")
     kwargs: Dict[str, Any] = {"type": knob.type}
-    if knob.name in _CHOICES:
-        kwargs = {"type": _log_level, "choices": list(_CHOICES[knob.name])}
+    if knob.choices:
+        kwargs = {"type": _choice(knob), "choices": list(knob.choices)}
     default = _shown_default(knob)
     shown = f" (default: {default})" if default not in ("", None) else ""
     group.add_argument(flag, *knob.aliases, dest=dest, action=_Tracked, default=None,
@@ -250,6 +249,11 @@ def knob_env(args: Any, parent_env: Mapping[str, str]) -> Dict[str, str]:
 
     A value that came from the config file yields to the same variable already set in ``parent_env``
     (precedence: flag > environment > config file > default).
+
+    Raises:
+        ValueError: a flag, config-file or inherited ``HOROVOD_*`` value is not accepted by its knob (not finite,
+            out of range, not one of its choices), naming the flag (or key, or variable) and what is accepted;
+            no worker is started with it.
     """
     from_config: Set[str] = set(getattr(args, FROM_CONFIG_ATTR, None) or ())
     env: Dict[str, str] = {}
@@ -260,9 +264,14 @@ def knob_env(args: Any, parent_env: Mapping[str, str]) -> Dict[str, str]:
             continue
         if dest in from_config and parent_env.get(knob.env, "") != "":
             continue
+        knob.check_flag(value, f"config key {knob.config_key}" if dest in from_config else str(knob.flag))
         rendered = config.flag_to_env(knob, value)
         if rendered is not None:
             env[knob.env] = rendered
+    try:
+        config.check_environment({k: v for k, v in parent_env.items() if k not in env})
+    except ValueError as exc:
+        raise ValueError(f"horovodrun's environment, which every worker inherits: {exc}") from None
     return env
 
 

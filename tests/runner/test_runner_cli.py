@@ -14,8 +14,10 @@ def _sample(knob):
     """A non-default flag value for ``knob`` and the command-line words that give it."""
     if knob.type is bool:
         return False if knob.inverted else True, [knob.flag]
-    if knob.name == "log_level":
-        return "DEBUG", [knob.flag, "debug"]
+    if knob.choices:
+        return knob.choices[1], [knob.flag, knob.choices[1].lower()]   # any case; the table's spelling comes back
+    if knob.name == "thread_affinity":
+        return "0,1", [knob.flag, "0,1"]
     if knob.type is int:
         return 7, [knob.flag, "7"]
     if knob.type is float:
