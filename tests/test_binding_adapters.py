@@ -155,7 +155,7 @@ class TorchProbe(Probe):
 
 class TensorflowProbe(NumpyProbe):
     """TensorFlow's kernels see numpy arrays (bfloat16 from ml_dtypes): its adapter is the array adapter behind
-    ``bridge.engine_view``; its public collectives take tf tensors."""
+    ``bridge.ARRAYS`` (moves use ``bridge.MOVABLE``); its public collectives take tf tensors."""
 
     noncontiguous = True
     int_handles = False
@@ -168,7 +168,7 @@ class TensorflowProbe(NumpyProbe):
         from horovod.tensorflow import bridge
 
         self.tf, self.hvd, self.bridge = tf, hvd, bridge
-        self.adapter = bridge._ARRAYS
+        self.adapter = bridge.ARRAYS
 
     def tf_tensor(self, storage, dtype):
         tf = self.tf

@@ -90,6 +90,16 @@ def broadcast(adapter: TensorAdapter, tensor: Any, name: str, root_rank: int, se
     return handle, lambda _raw: adapter.result(output, view)
 
 
+def grouped_broadcast(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], root_rank: int, set_id: int,
+                      attended: bool = False) -> Pending:
+    """Broadcast ``tensors`` as one group (negotiated and fused together) into new results; a list."""
+    views = [adapter.view(t) for t in tensors]
+    outputs = [adapter.fresh_output(v) for v in views]
+    handle = collectives.broadcast_async([v.array for v in views], names, root_rank, process_set=set_id,
+                                         outputs=outputs, dtypes=overrides(views), grouped=True, attended=attended)
+    return handle, lambda _raw: [adapter.result(o, v) for o, v in zip(outputs, views)]
+
+
 def alltoall(adapter: TensorAdapter, tensor: Any, name: str, splits: Any, set_id: int,
              attended: bool = False) -> Pending:
     """Result ``(output, received_splits)`` in the binding's types."""

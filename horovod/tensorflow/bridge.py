@@ -29,7 +29,7 @@ path goes through a file, which the OS answers with ``ENOTDIR`` and TensorFlow w
 from __future__ import annotations
 
 import weakref
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -222,46 +222,35 @@ def wait(handle):
 
 
 # -- dtype handling inside kernels ---------------------------------------------------------------------------
-# Kernels see numpy arrays (bfloat16 ones from ml_dtypes): the numpy binding's adapter is TensorFlow's too.
-_ARRAYS = adapter.ArrayAdapter()
+#: Kernels see numpy arrays (bfloat16 ones from ml_dtypes): for collectives that reduce, the numpy binding's
+#: adapter is TensorFlow's too, and the kernels call the collectives every binding shares
+#: (:mod:`horovod.common.binding_ops`).
+ARRAYS = adapter.ArrayAdapter()
 
 
-def engine_view(array: np.ndarray):
-    """``(array for the engine, engine dtype override or None)``: bfloat16 travels as its uint16 bits."""
-    view = _ARRAYS.view(array)
-    return view.array, view.dtype
+class MovableArrays(adapter.ArrayAdapter):
+    """The adapter of collectives that only move data (allgather, broadcast, alltoall): dtypes the engine cannot
+    reduce yet can move (uint32, complex …) travel as rows of bytes, and come back in their dtype and shape."""
+
+    def view(self, tensor: Any) -> adapter.View[np.ndarray]:
+        array, copied = adapter.c_order(tensor)
+        storage, override = adapter.storage_view(array)
+        if override is not None or array.dtype.name in engine_ops.SUPPORTED_DTYPES:
+            return adapter.View(array, storage, override, copied)
+        if array.dtype.kind not in "biufc" or array.dtype.hasobject:
+            raise ValueError(f"Tensor type {array.dtype.name} is not supported. Supported types: "
+                             f"{', '.join(engine_ops.SUPPORTED_DTYPES)} (and other fixed-size numeric types for "
+                             f"allgather, broadcast and alltoall).")
+        rows = array.shape[0] if array.ndim else 1
+        as_bytes = array.reshape((rows, -1)).view(np.uint8) if array.size else np.zeros((rows, 0), np.uint8)
+        return adapter.View(array, as_bytes, None, copied)
+
+    def result(self, array: np.ndarray, view: adapter.View[np.ndarray]) -> np.ndarray:
+        original = view.tensor
+        if view.dtype is not None or array.dtype == original.dtype:
+            return super().result(array, view)
+        out = adapter.c_order(array)[0].view(original.dtype).reshape((array.shape[0],) + original.shape[1:])
+        return out.reshape(()) if original.ndim == 0 else out
 
 
-from_engine = adapter.from_storage   # undo engine_view on a result: (array, dtype) -> array in dtype
-
-
-def movable_view(array: np.ndarray):
-    """Like :func:`engine_view`, but dtypes the engine cannot reduce yet can move (uint32, complex …) travel as
-    rows of bytes, for allgather / broadcast / alltoall.
-
-    Returns:
-        ``(array, dtype override, restore)`` where ``restore(result)`` gives the result in the original dtype
-        and shape layout (first dimension preserved).
-    """
-    array, _ = adapter.c_order(array)
-    storage, override = adapter.storage_view(array)
-    name = array.dtype.name
-    if override is not None:
-        return storage, override, lambda r: adapter.from_storage(r, array.dtype)
-    if name in engine_ops.SUPPORTED_DTYPES:
-        return array, None, lambda r: r
-    if array.dtype.kind not in "biufc" or array.dtype.hasobject:
-        raise ValueError(f"Tensor type {name} is not supported. Supported types: "
-                         f"{', '.join(engine_ops.SUPPORTED_DTYPES)} (and other fixed-size numeric types for "
-                         f"allgather, broadcast and alltoall).")
-    tail = array.shape[1:]
-    rows = array.shape[0] if array.ndim else 1
-    as_bytes = array.reshape((rows, -1)).view(np.uint8) if array.size else np.zeros((rows, 0), np.uint8)
-    dtype = array.dtype
-    scalar = array.ndim == 0
-
-    def restore(result: np.ndarray) -> np.ndarray:
-        out = adapter.c_order(result)[0].view(dtype).reshape((result.shape[0],) + tuple(tail))
-        return out.reshape(()) if scalar else out
-
-    return as_bytes, None, restore
+MOVABLE = MovableArrays()

@@ -25,7 +25,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from horovod.common import basics
+from horovod.common import basics, binding_ops
 from horovod.common.basics import Adasum, Average, Max, Min, Sum
 from horovod.common import framework_rules
 from horovod.common.process_sets import ProcessSet, _set_id as _raw_set_id, global_process_set, \
@@ -103,14 +103,9 @@ def _names(prefix: str, base: Optional[str], count: int, grouped: bool, set_id: 
 
 def _allreduce_kernel(base, op, prescale, postscale, set_id, count, grouped):
     def kernel(*arrays):
-        views = [bridge.engine_view(a) for a in arrays]
-        tensors = [v for v, _ in views]
-        handle = collectives.allreduce_async(
-            tensors, _names("allreduce", base, count, grouped, set_id), op=op, prescale=prescale, postscale=postscale,
-            process_set=set_id, outputs=[np.empty_like(t) for t in tensors], dtypes=[d for _, d in views],
-            grouped=grouped, attended=True)
-        results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
-        return [bridge.from_engine(r, a.dtype) for r, a in zip(results, arrays)]
+        names = _names("allreduce", base, count, grouped, set_id)
+        return _results(binding_ops.allreduce(bridge.ARRAYS, arrays, names, op, prescale, postscale, set_id,
+                                              inplace=False, grouped=grouped, attended=True), grouped)
 
     return kernel
 
@@ -120,52 +115,48 @@ def _allgather_kernel(base, set_id, count, grouped):
         for a in arrays:
             if a.ndim == 0:
                 raise ValueError("allgather needs a tensor with at least one dimension; got a scalar.")
-        views = [bridge.movable_view(a) for a in arrays]
         names = _names("allgather", base, count, grouped, set_id)
-        handle = collectives.allgather_async([v for v, _, _ in views], names,
-                                             process_set=set_id, dtypes=[d for _, d, _ in views], grouped=grouped,
-                                             attended=True)
-        results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
-        return [restore(r) for (_, _, restore), r in zip(views, results)]
+        return _results(binding_ops.allgather(bridge.MOVABLE, arrays, names, set_id, grouped, attended=True),
+                        grouped)
 
     return kernel
 
 
 def _broadcast_kernel(base, root_rank, set_id, count, grouped):
     def kernel(*arrays):
-        views = [bridge.movable_view(a) for a in arrays]
-        tensors = [v for v, _, _ in views]
-        handle = collectives.broadcast_async(tensors, _names("broadcast", base, count, grouped, set_id), root_rank,
-                                             process_set=set_id, outputs=[t.copy() for t in tensors],
-                                             dtypes=[d for _, d, _ in views], grouped=grouped, attended=True)
-        results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
-        return [restore(r) for (_, _, restore), r in zip(views, results)]
+        names = _names("broadcast", base, count, grouped, set_id)
+        if grouped:
+            return binding_ops.complete(binding_ops.grouped_broadcast(bridge.MOVABLE, arrays, names, root_rank,
+                                                                      set_id, attended=True))
+        return [binding_ops.complete(binding_ops.broadcast(bridge.MOVABLE, arrays[0], names[0], root_rank, set_id,
+                                                           inplace=False, attended=True))]
 
     return kernel
 
 
 def _reducescatter_kernel(base, op, prescale, postscale, set_id, count, grouped):
     def kernel(*arrays):
-        views = [bridge.engine_view(a) for a in arrays]
-        handle = collectives.reducescatter_async(
-            [v for v, _ in views], _names("reducescatter", base, count, grouped, set_id), op=op, prescale=prescale,
-            postscale=postscale, process_set=set_id, dtypes=[d for _, d in views], grouped=grouped, attended=True)
-        results = bridge.wait(handle) if grouped else [bridge.wait(handle)]
-        return [bridge.from_engine(r, a.dtype) for r, a in zip(results, arrays)]
+        names = _names("reducescatter", base, count, grouped, set_id)
+        return _results(binding_ops.reducescatter(bridge.ARRAYS, arrays, names, op, prescale, postscale, set_id,
+                                                  grouped, attended=True), grouped)
 
     return kernel
 
 
 def _alltoall_kernel(base, set_id, with_splits):
     def kernel(array, splits):
-        view, dtype, restore = bridge.movable_view(array)
-        handle = collectives.alltoall_async(view, collectives.tensor_name("alltoall", base, set_id),
-                                            splits.reshape(-1).tolist() if with_splits else None,
-                                            process_set=set_id, dtype=dtype, attended=True)
-        output, received = bridge.wait(handle)
-        return [restore(output), np.asarray(received, dtype=np.int32)]
+        output, received = binding_ops.complete(binding_ops.alltoall(
+            bridge.MOVABLE, array, collectives.tensor_name("alltoall", base, set_id),
+            splits if with_splits else None, set_id, attended=True))
+        return [output, np.asarray(received, dtype=np.int32)]
 
     return kernel
+
+
+def _results(pending: binding_ops.Pending, grouped: bool) -> List[np.ndarray]:
+    """A kernel's outputs: the collective's results, one per input."""
+    results = binding_ops.complete(pending)
+    return list(results) if grouped else [results]
 
 
 # -- allreduce ----------------------------------------------------------------------------------------------
