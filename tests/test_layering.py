@@ -140,3 +140,20 @@ def test_no_import_cycles_between_modules():
 def test_the_cycle_check_sees_a_ring():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_engine_parts_keep_to_their_interfaces():
+    # The engine's parts share one typed state and call each other through public methods: an access to another
+    # object's private attribute (``other._x``) couples two parts behind their interfaces. Allowed: ``self`` and
+    # ``cls``, a class's own table, and the interpreter's stack snapshot the hang doctor needs.
+    allowed = {"sys._current_frames", "HandleTable._tables"}
+    reaches = []
+    for path in sorted((ROOT / "engine").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__")):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if ast.unparse(node) not in allowed:
+                reaches.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert not reaches, "engine code reaching into another object's private attributes:\n" + "\n".join(reaches)
