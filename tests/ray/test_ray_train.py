@@ -246,3 +246,42 @@ def test_the_same_function_runs_under_horovodrun(tmp_path):
     check_layout(by_rank[0]["metrics"]["layout"], 2)
     assert sorted(by_rank[0]["metrics"]["ids"]) == list(range(N_ROWS))
     assert os.path.isdir(os.path.join(tmp_path, "hvdrun", "rank_0")), os.listdir(tmp_path)
+
+
+EXAMPLE = os.path.join("examples", "ray", "train_digits_trainer.py")
+FINAL_LINE = r"^(?:\[0\]<stdout>:)?2 workers; final loss ([0-9.]+); test accuracy (0\.\d+); checkpoint (\S+)$"
+
+
+def _check_example_output(out: str) -> str:
+    import re
+
+    match = re.search(FINAL_LINE, out, re.M)
+    assert match, out[-4000:]
+    loss, accuracy, checkpoint = float(match.group(1)), float(match.group(2)), match.group(3)
+    assert loss < 0.5 and accuracy > 0.85, f"4 epochs must train the MLP: loss {loss}, accuracy {accuracy}"
+    assert os.path.exists(os.path.join(checkpoint, "model.pt")), checkpoint
+    return checkpoint
+
+
+def _with_checkout_on_path(env):
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def test_example_trains_on_ray(cluster, tmp_path):
+    env = _with_checkout_on_path(dict(os.environ, RAY_ADDRESS=cluster.address))
+    done = subprocess.run([sys.executable, EXAMPLE, "--epochs", "4", "--storage-path", str(tmp_path)], cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert _check_example_output(done.stdout).startswith(str(tmp_path))
+
+
+def test_example_trains_under_horovodrun(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", "2", sys.executable, EXAMPLE,
+                           "--epochs", "4", "--storage-path", str(tmp_path)], cwd=ROOT,
+                          env=_with_checkout_on_path(dict(os.environ)), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:]
+    checkpoint = _check_example_output(done.stdout)
+    assert checkpoint.startswith(str(tmp_path)) and os.sep + "rank_0" + os.sep in checkpoint, checkpoint
+    assert len([line for line in done.stdout.splitlines() if line.startswith("[0]<stdout>:epoch ")]) == 4
