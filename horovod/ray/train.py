@@ -1,4 +1,4 @@
-"""``HorovodTrainer``: Horovod data-parallel training on Ray Train (v2, the default Ray Train since Ray 2.51).
+"""``HorovodTrainer``: Horovod data-parallel training on Ray Train (v2, the default Ray Train in Ray 2.60).
 
 A :class:`ray.train.v2.api.data_parallel_trainer.DataParallelTrainer` whose backend
 (:class:`~horovod.ray.train_backend.HorovodBackend`) gives every worker its Horovod rank, local and cross rank,

@@ -1,6 +1,6 @@
 """The Ray Train backend of :class:`horovod.ray.HorovodTrainer`: this project's rendezvous for a worker group.
 
-Ray Train (v2, the default since Ray 2.51) starts a group of worker actors for every attempt of a run and calls the
+Ray Train (v2, the default in Ray 2.60) starts a group of worker actors for every attempt of a run and calls the
 backend's ``on_start`` with it before the training function starts; ``on_shutdown`` before the group is torn down
 (after a normal end, or after a failure when ``FailureConfig(max_failures=...)`` starts a new group).  On start,
 :class:`HorovodBackend`
@@ -35,6 +35,9 @@ from horovod.runner.threads import set_worker_threads
 from horovod.transport.rendezvous import RendezvousServer
 
 logger = logging.getLogger(__name__)
+
+#: How long ``on_shutdown`` waits for the workers to shut their engines down.
+SHUTDOWN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -152,6 +155,13 @@ class HorovodBackend(Backend):
     def on_start(self, worker_group, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, HorovodConfig), type(backend_config)
         self._stop_server()   # a group torn down without on_shutdown (an abort) left its store here
+        try:
+            self._start(worker_group, backend_config)
+        except BaseException:
+            self._stop_server()
+            raise
+
+    def _start(self, worker_group, backend_config: HorovodConfig) -> None:
         timeout = float(backend_config.placement_group_timeout_s)
         described = _get(worker_group.execute_async(_describe_worker), timeout, "ask the workers for their node")
         slots = worker_slots([node for node, _ip, _pid in described])
@@ -160,11 +170,11 @@ class HorovodBackend(Backend):
                            "differ from Ray Train's world ranks: %s", [s.rank for s in slots])
         secret = secrets.token_bytes(32)
         nics = backend_config.nic_list
-        self._server = RendezvousServer(secret, host=rendezvous_bind_host(nics)).start()
+        server = self._server = RendezvousServer(secret, host=rendezvous_bind_host(nics)).start()
         job = JobSettings(num_proc=len(slots), hosts=[], command=[], knob_env=dict(backend_config.knob_env or {}),
                           nics=nics, start_timeout=int(backend_config.timeout_s),
                           extra_env={k: str(v) for k, v in backend_config.env_vars.items()})
-        base = job_env({}, job, self._server.host, self._server.port, secret)
+        base = job_env({}, job, server.host, server.port, secret)
         refs = []
         for index, slot in enumerate(slots):
             env = dict(base)
@@ -174,13 +184,15 @@ class HorovodBackend(Backend):
             refs.append(worker_group.execute_single_async(index, _configure_worker, env))
         _get(refs, timeout, "configure the workers")
         logger.info("HorovodTrainer: %d workers on %d Ray node(s), rendezvous at %s:%s", len(slots),
-                    len({s.hostname for s in slots}), self._server.host, self._server.port)
+                    len({s.hostname for s in slots}), server.host, server.port)
 
     def on_shutdown(self, worker_group, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, HorovodConfig), type(backend_config)
         try:
             refs = worker_group.execute_async(_shutdown_worker)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=float(backend_config.timeout_s))
+            # Bounded: after a failure an engine may wait for its dead peer; Ray Train kills the actors next anyway.
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(float(backend_config.timeout_s),
+                                                                         SHUTDOWN_TIMEOUT_S))
             for ref in ready:
                 try:
                     ray.get(ref)
