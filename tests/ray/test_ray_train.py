@@ -186,6 +186,7 @@ class Killer:
         return self.kills
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("cluster")
 def test_a_killed_worker_is_recovered_from_the_last_checkpoint(tmp_path):
     """FailureConfig(max_failures=1): the new worker group resumes from the checkpoint of the epoch before the kill."""
@@ -268,6 +269,7 @@ def _with_checkout_on_path(env):
     return env
 
 
+@pytest.mark.slow
 def test_example_trains_on_ray(cluster, tmp_path):
     env = _with_checkout_on_path(dict(os.environ, RAY_ADDRESS=cluster.address))
     done = subprocess.run([sys.executable, EXAMPLE, "--epochs", "4", "--storage-path", str(tmp_path)], cwd=ROOT,
@@ -276,6 +278,7 @@ def test_example_trains_on_ray(cluster, tmp_path):
     assert _check_example_output(done.stdout).startswith(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_example_trains_under_horovodrun(tmp_path):
     done = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", "2", sys.executable, EXAMPLE,
                            "--epochs", "4", "--storage-path", str(tmp_path)], cwd=ROOT,
