@@ -232,6 +232,17 @@ def print_table(summary: Dict[str, dict]) -> None:
               f"{d['vs_local']:.0%} |")
 
 
+TARGET_VS_DDP = 1.1   # issue 35: at least 1.1× DDP (launched by torchrun) on every model
+
+
+def print_target(summary: Dict[str, dict]) -> None:
+    """The issue's bar, held against the median of the within-repetition ratios of every model."""
+    model, e = min(summary.items(), key=lambda kv: kv[1]["ratio"][0])
+    verdict = "PASS" if e["ratio"][0] >= TARGET_VS_DDP else "FAIL"
+    print(f"\nTarget: horovod.torch ≥ {TARGET_VS_DDP:g}× DDP (torchrun) on every model: {verdict} (slowest: {model}, "
+          f"{fmt_ratio(e['ratio'])})")
+
+
 def print_scaling(args, runs: Dict[str, List[dict]], summary: Dict[str, dict]) -> None:
     """Weak scaling: each side at np against the same launcher's job of one process, given the torch threads each
     rank of the np job had (a launcher alone would give one process every core)."""
@@ -289,6 +300,7 @@ def main(argv=None) -> None:
     print(f"# torch training, np={args.np}: horovod.torch under horovodrun vs DDP under torchrun\n")
     print_header(args, runs, load_start)
     print_table(summary)
+    print_target(summary)
     print("\nsamples/s per repetition: " + json.dumps({m: {s: [round(v) for v in e[s]["reps"]] for s in SIDES}
                                                         for m, e in summary.items()}))
     if args.chart:

@@ -65,7 +65,7 @@ def test_sizes_and_bus_factors():
 
 
 def test_targets_are_well_formed_data():
-    from benchmarks._collectives.cases import LABELS, LATENCY_PATTERNS
+    from benchmarks._collectives.cases import LABELS, LATENCY_PATTERNS, OPS
     from benchmarks._collectives.verdicts import EVALUATORS
     from benchmarks.targets import KINDS, TARGETS
 
@@ -77,8 +77,10 @@ def test_targets_are_well_formed_data():
         assert f"{t.impl}-shm" in LABELS, f"{t}: no implementation family {t.impl!r}"
         if t.kind in ("busbw_ratio", "new_result", "fusion_gain"):
             assert t.at_least and t.at_least > 0, t
-        if t.kind == "busbw_ratio":
+        if t.kind in ("busbw_ratio", "peer_sweep"):
             assert t.peer in LABELS, t
+        if t.kind == "peer_sweep":
+            assert t.ops and set(t.ops) <= set(OPS) and t.at_least and t.min_bytes > 0, t
         if t.kind == "latency":
             assert t.pattern in LATENCY_PATTERNS and t.at_most_s and t.at_most_s > 0, t
 
@@ -109,6 +111,33 @@ def test_targets_pass_and_fail_on_synthetic_results():
                                  Target("busbw_ratio", np=4, peer="openmpi", at_least=0.5)])
     assert [r[-1] for r in rows] == ["PASS", "FAIL", "PASS", "FAIL", "n/a", "n/a"], rows
     assert "3.00×" in rows[0][1] and "not measured" in rows[4][1]
+
+
+def test_peer_sweep_targets_hold_every_size_within_each_repetition():
+    """Ours against a peer at every size, ratios taken within each repetition: the slowest size decides, sizes
+    below ``min_bytes`` do not count, and 8 B comes from the latency phase."""
+    from benchmarks._collectives.results import Results
+    from benchmarks.targets import Target
+
+    def rec(impl, nbytes, rep, seconds, kind="sweep"):
+        r = {"kind": kind, "impl": impl, "np": 2, "bytes": nbytes, "rep": rep, "median_s": seconds}
+        return {**r, "op": "allreduce"} if kind == "sweep" else {**r, "pattern": "back to back", "p90_s": seconds,
+                                                                  "mean_s": seconds, "iters": 10}
+    records = []
+    for rep, drift in enumerate((1.0, 3.0, 1.5)):   # the machine slows down and recovers: both sides alike
+        records += [rec("engine-shm", 4096, rep, 2e-3 * drift), rec("gloo", 4096, rep, 1e-3 * drift),  # 0.5×
+                    rec("engine-shm", MIB, rep, 1e-3 * drift), rec("gloo", MIB, rep, 2e-3 * drift),    # 2×
+                    rec("engine-shm", 8, rep, 10e-6 * drift, "latency"), rec("gloo", 8, rep, 30e-6 * drift,
+                                                                              "latency")]              # 3×
+    from benchmarks._collectives.verdicts import evaluate
+
+    res = Results(records)
+    assert res.ratio("allreduce", 2, MIB, "engine-shm", "gloo") == (2.0, 2.0, 2.0), "paired within each rep"
+    rows = evaluate(res, "shm", [Target("peer_sweep", peer="gloo", at_least=1.0, ops=("allreduce", "broadcast")),
+                                 Target("peer_sweep", peer="gloo", at_least=1.0, ops=("allreduce",),
+                                        min_bytes=MIB)])
+    assert [r[-1] for r in rows] == ["FAIL", "n/a", "PASS"], rows
+    assert "slowest 0.50× at 4 KiB (3 sizes)" in rows[0][1] and "(1 sizes)" in rows[2][1], rows
 
 
 def test_charts_draw_small_pngs_from_synthetic_tables(tmp_path):
@@ -255,7 +284,7 @@ def test_torch_training_runs_ddp_under_torchrun_and_horovod_under_horovodrun():
                  "--block-steps", "1", "--warmup", "1", "--reps", "1", "--no-scaling", "--timeout", "400"],
                 timeout=900)
     out = proc.stdout
-    assert "| deepmlp |" in out and "× DDP" in out, out
+    assert "| deepmlp |" in out and "× DDP" in out and "Target: horovod.torch ≥ 1.1× DDP (torchrun)" in out, out
     ddp_cmd = out.split("DDP + Gloo (torchrun) launched as**: `", 1)[1].split("`", 1)[0]
     assert "--standalone --nproc-per-node 2" in ddp_cmd and "horovod.runner" not in ddp_cmd, ddp_cmd
     hvd_cmd = out.split("horovod.torch (horovodrun) launched as**: `", 1)[1].split("`", 1)[0]

@@ -78,8 +78,37 @@ def _fusion_gain(t: Target, res: Results, primary: str) -> List[Row]:
              "PASS" if ok else "FAIL"]]
 
 
+def _peer_sweep(t: Target, res: Results, primary: str) -> List[Row]:
+    """One row per collective: ours ÷ the peer's speed at every size measured from ``t.min_bytes`` up (within each
+    repetition, median), the slowest size named."""
+    ours, peer, need = f"{t.impl}-{primary}", t.peer or "", t.at_least or 0.0
+    rows: List[Row] = []
+    for op in t.ops:
+        ratios = []  # (median ratio, size, formatted)
+        for nbytes in sorted({k[2] for k in res.sweep if k[0] == op and k[1] == t.np and k[3] == ours}):
+            r = res.ratio(op, t.np, nbytes, ours, peer) if nbytes >= t.min_bytes else None
+            if r:
+                ratios.append((r[0], nbytes, fmt_ratio(r)))
+        if op == "allreduce" and t.min_bytes <= 8:  # 8 B: the latency phase, back to back
+            a, b = res.latency(ours, t.np), res.latency(peer, t.np)
+            r = paired_ratio(a, b) if a and b else None
+            if r:
+                ratios.append((r[0], 8, fmt_ratio(r)))
+        what = (f"{op} np={t.np}, every size from {format_size(t.min_bytes)}: {LABELS[ours]} ÷ "
+                f"{LABELS.get(peer, peer)} speed")
+        bar = f"≥ {need:g}× at every size"
+        if not ratios:
+            rows.append([what, "not measured", bar, "n/a"])
+            continue
+        worst = min(ratios)
+        rows.append([what, f"slowest {worst[2]} at {format_size(worst[1])} ({len(ratios)} sizes)", bar,
+                     "PASS" if worst[0] >= need else "FAIL"])
+    return rows
+
+
 EVALUATORS: Dict[str, Callable[[Target, Results, str], List[Row]]] = {
-    "busbw_ratio": _busbw_ratio, "latency": _latency, "new_result": _new_result, "fusion_gain": _fusion_gain}
+    "busbw_ratio": _busbw_ratio, "latency": _latency, "new_result": _new_result, "fusion_gain": _fusion_gain,
+    "peer_sweep": _peer_sweep}
 
 
 def evaluate(res: Results, primary: str, targets: Sequence[Target] = TARGETS) -> List[Row]:
