@@ -9,8 +9,9 @@ Usage::
     python benchmarks/collectives.py --np 2 --ops allreduce --sizes 1M,64M --skip memory,fusion
     python benchmarks/collectives.py --quick --chart docs/images/collectives.png   # + collectives-latency.png
 
-Duration on the 2-core development machine: ``--quick`` about 1 minute when it is quiet and 2.5 minutes at load 5;
-the default about 5.5 minutes at load 5; ``--max 256M`` about 15 minutes at load 6-10.  Open MPI's busy polling
+Duration on the 2-core development machine (measured before the peers got jobs of their own and ``--reps``; a
+run now takes about ``--reps`` times as long): ``--quick`` about 1 minute when it is quiet and 2.5 minutes at load
+5; the default about 5.5 minutes at load 5; ``--max 256M`` about 15 minutes at load 6-10.  Open MPI's busy polling
 is what a loaded machine slows down most (at load 5, an np = 2 ``Allgather`` took exactly 8 ms per call at every
 size), so take the numbers for the record on a quiet machine and keep the load average line of the header.
 
@@ -19,13 +20,15 @@ What is measured (float32, sum where there is a reduction):
 * allreduce, allgather, broadcast, alltoall and reducescatter at sizes 4 KiB .. ``--max``, at np = 2 and 4, for
   this project's transports called directly (``tcp``, ``shm``, and ``mpi`` under ``mpirun``), for the full engine
   (``horovod.numpy`` collectives: negotiation, fusion buffer and background thread included) over each of them,
-  for ``torch.distributed`` with the Gloo backend, and for mpi4py on Open MPI.  The size is the nccl-tests size:
-  the whole buffer (allgather: the gathered output, reducescatter: the input, alltoall: one rank's send buffer).
+  for ``torch.distributed`` with the Gloo backend, and for mpi4py on Open MPI (each peer in jobs of its own).
+  The size is the nccl-tests size: the whole buffer (allgather: the gathered output, reducescatter: the input,
+  alltoall: one rank's send buffer).
   Reported: median time per call (each sample is the slowest rank's mean over a batch of calls timed between
   barriers), algbw = size / time, busbw = algbw x 2(n-1)/n (allreduce), (n-1)/n (allgather, reducescatter,
-  alltoall) or 1 (broadcast).  Implementations that share a job are measured in alternating order, one batch
-  each per round, so machine noise hits them alike.  Every implementation's result is checked once against
-  numpy at every size before it is timed; a wrong result is reported as WRONG, never as a speed.
+  alltoall) or 1 (broadcast).  Implementations that share a job (this project's engine and raw transport) are
+  measured in alternating order, one batch each per round, so machine noise hits them alike.  Every
+  implementation's result is checked once against numpy at every size before it is timed; a wrong result is
+  reported as WRONG, never as a speed.
 * the numpy copy ceiling: ``np.copyto`` on one core at the same sizes.
 * latency of one 8-byte allreduce at every world size (median and p90 per call, engine negotiation included).
 * tensor fusion: 1,000 allreduces of 4 KiB issued asynchronously then synchronized, with the default
@@ -33,22 +36,31 @@ What is measured (float32, sum where there is a reduction):
 * memory: peak RSS per rank during a 64 MiB allreduce, minus the RSS before it (the tensor is already
   allocated then) and minus a result array the call allocates, in fresh processes.
 
-Jobs, per world size: ``horovodrun -np N`` with ``HOROVOD_TRANSPORT=shm`` (the engine, a second independent shm
-transport beside it, and a Gloo process group, all in the same processes), then ``mpirun -np N --bind-to none``
-(``--oversubscribe`` above the core count; the engine on the mpi transport, ``MpiTransport`` alone, and
-mpi4py), then ``horovodrun`` with ``HOROVOD_TRANSPORT=tcp``; memory in fresh two-rank jobs at the end.  Every job
-runs under a timeout that kills its whole process group; a failed job is named in the notes and the other jobs'
-numbers are still printed.  The targets (``benchmarks/targets.py``) compare the engine on the single-host
-default transport (shm).  The parts: ``benchmarks/_collectives/`` (cases, implementations, phases, jobs, report).
+Jobs: every library is launched as its own users launch it, in jobs of its own. This project: ``horovodrun -np
+N`` with ``HOROVOD_TRANSPORT=shm`` (the engine, a second independent shm transport beside it, and horovod.torch's
+allocation of new results), ``horovodrun`` with ``HOROVOD_TRANSPORT=tcp``, and ``mpirun -np N --bind-to none``
+on its mpi transport. torch.distributed's Gloo: ``torchrun --standalone --nproc-per-node N`` (no core binding;
+torchrun's own ``OMP_NUM_THREADS=1``; nothing of this project imported). Open MPI: mpi4py under ``mpirun -np N
+--bind-to none`` (``--oversubscribe`` above the core count), nothing of this project imported. (Until issue 35
+Gloo ran inside this project's horovodrun job, whose core binding made it 13–22× slower at 4 KiB than under
+torchrun: every "× Gloo" of that time is withdrawn.) Per world size, ``--reps`` repetitions (3; quick 2) of every
+job run one after another, the order rotated each repetition so machine drift hits every library alike; the
+tables give medians over repetitions, and each ratio against a peer is the median (min–max) of the ratios within
+one repetition. The run header records each launcher's command line, the CPU, and the CPUs and threads every
+job's ranks were given. Memory in fresh two-rank jobs at the end. Every job runs under a timeout that kills its
+whole process group; a failed job is named in the notes and the other jobs' numbers are still printed. The
+targets (``benchmarks/targets.py``) compare the engine on the single-host default transport (shm). The parts:
+``benchmarks/_collectives/`` (cases, implementations, phases, jobs, report).
 """
 from __future__ import annotations
 
 import os
 import shutil
 import sys
+import functools
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 if __package__ in (None, ""):  # run as a script: make the checkout (``benchmarks`` and ``horovod``) importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,8 +68,10 @@ if __package__ in (None, ""):  # run as a script: make the checkout (``benchmark
 from benchmarks._collectives import cli, probes  # noqa: E402
 from benchmarks._collectives.cases import OPS  # noqa: E402
 from benchmarks._collectives.jobs import Runner  # noqa: E402
+from benchmarks._collectives.phases import rotate  # noqa: E402
 from benchmarks._collectives.render import TITLE, render  # noqa: E402
 from benchmarks._collectives.results import Results  # noqa: E402
+from benchmarks._lib.launch import describe_placement  # noqa: E402
 from benchmarks._lib.measure import MIB  # noqa: E402
 from benchmarks._lib.report import header, version  # noqa: E402
 
@@ -73,8 +87,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_sweep_args(ap, ",".join(OPS))
     ap.add_argument("--skip", default="", help=f"comma-separated parts to skip: {PARTS}")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="repetitions of every job, interleaved (3; quick 2): medians and spread over them")
     args = ap.parse_args(argv)
     cli.resolve_sweep_args(ap, args)
+    args.reps = max(1, args.reps or (2 if args.quick else 3))
     if args.chart_from:
         return cli.redraw(args, TITLE)
     skip = {s for s in args.skip.split(",") if s}
@@ -105,16 +122,9 @@ def _drive(args, tmp: str, info: Dict[str, str], transports: List[str], primary:
     if "memcpy" not in skip and 64 * MIB in args.sizes:
         runner.records.append(probes.cold_write_probe(64 * MIB, args.rounds))
     for np_ in args.np:
-        phases = [p for p in ("sweep", "latency", "fusion") if p not in skip and (np_ == 2 or p != "fusion")]
-        # the primary engine job (with Gloo in the same processes), then Open MPI, then the other transports
-        for i, transport in enumerate(transports):
-            job_phases = [p for p in phases if p != "fusion" or i == 0]
-            if job_phases:
-                runner.hvd_job(np_, transport, gloo and i == 0, job_phases)
-            if i == 0 and not mpi_missing and [p for p in phases if p != "fusion"]:
-                runner.mpi_job(np_, [p for p in phases if p != "fusion"])
-        if not transports and not mpi_missing and [p for p in phases if p != "fusion"]:
-            runner.mpi_job(np_, [p for p in phases if p != "fusion"])
+        for rep in range(args.reps):
+            for job in rotate(plan_jobs(runner, np_, rep, transports, mpi_missing, gloo, skip), rep):
+                job()
     if "memory" not in skip:
         for transport in transports if not q else transports[:1]:
             runner.memory_job("engine-inplace", transport)
@@ -130,17 +140,56 @@ def _drive(args, tmp: str, info: Dict[str, str], transports: List[str], primary:
     versions = [f"torch {version('torch')} (Gloo)" if gloo else "torch: not used",
                 f"mpi4py {version('mpi4py')}, {meta.get('mpi_library', 'Open MPI: not run')}"
                 if not mpi_missing else f"MPI: not used ({mpi_missing})"]
-    rel = os.path.relpath(SCRIPT)
-    launchers = [f"`python -m horovod.runner -np N --start-timeout 120 python {rel} --worker SPEC` with "
-                 f"HOROVOD_TRANSPORT={t}" for t in transports]
-    if not mpi_missing:
-        launchers.append(f"`mpirun -np N [--oversubscribe when N > cores] {args.mpirun_args} python {rel} --worker "
-                         f"SPEC`")
     cli.complete_header(info, versions, time.monotonic() - runner.t_start)
-    info["launchers"] = "; ".join(launchers)
+    info.update(launch_header(runner, args.reps))
     text = render(args.ops, res, memcpy, info, runner.failures, primary)
     cli.write_outputs(args, text, info, res, memcpy, TITLE)
     return 1 if runner.failures else 0
+
+
+def plan_jobs(runner: Runner, np_: int, rep: int, transports: List[str], mpi_missing: Optional[str], gloo: bool,
+              skip: set) -> List[Callable[[], None]]:
+    """The jobs of one repetition at one world size, in their base order: this project on its primary transport,
+    Gloo (torchrun), Open MPI (mpirun), then this project on its other launchers. The caller rotates the order by
+    repetition, so machine drift hits every library alike."""
+    phases = [p for p in ("sweep", "latency", "fusion") if p not in skip and (np_ == 2 or p != "fusion")]
+    peer_phases = [p for p in phases if p != "fusion"]
+    jobs: List[Callable[[], None]] = []
+    for i, transport in enumerate(transports):
+        # fusion: the project's own comparison, once (first repetition, primary transport)
+        job_phases = [p for p in phases if p != "fusion" or (i == 0 and rep == 0)]
+        if job_phases:
+            jobs.append(functools.partial(runner.hvd_job, np_, transport, job_phases, rep, gloo and i == 0))
+    if not peer_phases:
+        return jobs
+    peers: List[Callable[[], None]] = []
+    if gloo:
+        peers.append(functools.partial(runner.gloo_job, np_, peer_phases, rep))
+    if not mpi_missing:
+        peers.append(functools.partial(runner.openmpi_job, np_, peer_phases, rep))
+    jobs[1:1] = peers
+    if not mpi_missing:
+        jobs.append(functools.partial(runner.mpi_job, np_, peer_phases, rep))
+    return jobs
+
+
+def launch_header(runner: Runner, reps: int) -> Dict[str, str]:
+    """The header lines that say how every library was launched and where its ranks were allowed to run."""
+    lines = {"launchers (each library in jobs of its own)": "; ".join(f"{what}: {cmd}"
+                                                                      for what, cmd in runner.launches.items()),
+             "torchrun's threads": ("torchrun sets OMP_NUM_THREADS=1 for each worker when --nproc-per-node > 1 and "
+                                    "the variable is unset (torch/distributed/run.py); the driver unsets it for "
+                                    "the Gloo jobs, as in a fresh shell"),
+             "repetitions": f"{reps} per world size; the jobs of a repetition run one after another, their order "
+                            f"rotated by one each repetition; tables give the median over repetitions, ratios "
+                            f"the median (min–max) of the ratios within each repetition"}
+    seen: Dict[str, List[dict]] = {}
+    for r in runner.records:
+        if r.get("kind") == "placement" and r.get("rep", 0) == 0:
+            seen.setdefault(f"placement, {r['job'].rsplit(' rep ', 1)[0]}", []).append(r)
+    for what, recs in seen.items():
+        lines[what] = describe_placement(recs)
+    return lines
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ from typing import Optional, Tuple
 MIB = 1 << 20
 
 # What a target of each kind compares (the evaluator's names).
-KINDS = ("busbw_ratio", "latency", "new_result", "fusion_gain")
+KINDS = ("busbw_ratio", "latency", "new_result", "fusion_gain", "peer_sweep")
+# peer_sweep: every size the run measured from ``min_bytes`` up (8 B: the latency phase's back-to-back allreduce)
+# of every collective in ``ops``, ours against ``peer`` (each peer launched as its users launch it, issue 35);
+# the row reports the slowest size.
+SWEEP_OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +32,8 @@ class Target:
     at_most_s: Optional[float] = None   # latency: the median per call
     times_faster: Optional[float] = None    # latency: Gloo's median ÷ ours
     floor_factor: Optional[float] = None    # latency: or within this factor of the machine's wake-up floor
+    ops: Tuple[str, ...] = SWEEP_OPS        # peer_sweep: the collectives
+    min_bytes: int = 8                      # peer_sweep: the smallest size held to the bar
 
 
 TARGETS: Tuple[Target, ...] = (
@@ -44,4 +50,9 @@ TARGETS: Tuple[Target, ...] = (
     Target("fusion_gain", at_least=10.0),
     # Four ranks on two cores: within 1.5× of Open MPI.
     Target("busbw_ratio", np=4, peer="openmpi", at_least=1 / 1.5),
+    # Issue 35: faster than Gloo (torchrun) at every size, at least even with Open MPI (mpirun) from 1 MiB up.
+    Target("peer_sweep", np=2, peer="gloo", at_least=1.0),
+    Target("peer_sweep", np=4, peer="gloo", at_least=1.0),
+    Target("peer_sweep", np=2, peer="openmpi", at_least=1.0, min_bytes=MIB),
+    Target("peer_sweep", np=4, peer="openmpi", at_least=1.0, min_bytes=MIB),
 )

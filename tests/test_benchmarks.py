@@ -65,7 +65,7 @@ def test_sizes_and_bus_factors():
 
 
 def test_targets_are_well_formed_data():
-    from benchmarks._collectives.cases import LABELS, LATENCY_PATTERNS
+    from benchmarks._collectives.cases import LABELS, LATENCY_PATTERNS, OPS
     from benchmarks._collectives.verdicts import EVALUATORS
     from benchmarks.targets import KINDS, TARGETS
 
@@ -77,8 +77,10 @@ def test_targets_are_well_formed_data():
         assert f"{t.impl}-shm" in LABELS, f"{t}: no implementation family {t.impl!r}"
         if t.kind in ("busbw_ratio", "new_result", "fusion_gain"):
             assert t.at_least and t.at_least > 0, t
-        if t.kind == "busbw_ratio":
+        if t.kind in ("busbw_ratio", "peer_sweep"):
             assert t.peer in LABELS, t
+        if t.kind == "peer_sweep":
+            assert t.ops and set(t.ops) <= set(OPS) and t.at_least and t.min_bytes > 0, t
         if t.kind == "latency":
             assert t.pattern in LATENCY_PATTERNS and t.at_most_s and t.at_most_s > 0, t
 
@@ -111,6 +113,33 @@ def test_targets_pass_and_fail_on_synthetic_results():
     assert "3.00×" in rows[0][1] and "not measured" in rows[4][1]
 
 
+def test_peer_sweep_targets_hold_every_size_within_each_repetition():
+    """Ours against a peer at every size, ratios taken within each repetition: the slowest size decides, sizes
+    below ``min_bytes`` do not count, and 8 B comes from the latency phase."""
+    from benchmarks._collectives.results import Results
+    from benchmarks.targets import Target
+
+    def rec(impl, nbytes, rep, seconds, kind="sweep"):
+        r = {"kind": kind, "impl": impl, "np": 2, "bytes": nbytes, "rep": rep, "median_s": seconds}
+        return {**r, "op": "allreduce"} if kind == "sweep" else {**r, "pattern": "back to back", "p90_s": seconds,
+                                                                  "mean_s": seconds, "iters": 10}
+    records = []
+    for rep, drift in enumerate((1.0, 3.0, 1.5)):   # the machine slows down and recovers: both sides alike
+        records += [rec("engine-shm", 4096, rep, 2e-3 * drift), rec("gloo", 4096, rep, 1e-3 * drift),  # 0.5×
+                    rec("engine-shm", MIB, rep, 1e-3 * drift), rec("gloo", MIB, rep, 2e-3 * drift),    # 2×
+                    rec("engine-shm", 8, rep, 10e-6 * drift, "latency"), rec("gloo", 8, rep, 30e-6 * drift,
+                                                                              "latency")]              # 3×
+    from benchmarks._collectives.verdicts import evaluate
+
+    res = Results(records)
+    assert res.ratio("allreduce", 2, MIB, "engine-shm", "gloo") == (2.0, 2.0, 2.0), "paired within each rep"
+    rows = evaluate(res, "shm", [Target("peer_sweep", peer="gloo", at_least=1.0, ops=("allreduce", "broadcast")),
+                                 Target("peer_sweep", peer="gloo", at_least=1.0, ops=("allreduce",),
+                                        min_bytes=MIB)])
+    assert [r[-1] for r in rows] == ["FAIL", "n/a", "PASS"], rows
+    assert "slowest 0.50× at 4 KiB (3 sizes)" in rows[0][1] and "(1 sizes)" in rows[2][1], rows
+
+
 def test_charts_draw_small_pngs_from_synthetic_tables(tmp_path):
     pytest.importorskip("matplotlib")
     from benchmarks import charts
@@ -131,9 +160,10 @@ def test_charts_draw_small_pngs_from_synthetic_tables(tmp_path):
     assert charts.sibling("out/c.png", "latency") == "out/c-latency.png"
 
 
-def _run(args, timeout=120):
+def _run(args, timeout=120, env_extra=None):
     env = {**os.environ, "PYTHONPATH": REPO, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     env = {k: v for k, v in env.items() if not k.startswith("HOROVOD_")}
+    env.update(env_extra or {})
     proc = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, f"{args} exited with {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -141,22 +171,88 @@ def _run(args, timeout=120):
 
 
 def test_collectives_smoke_run_through_the_runner(tmp_path):
-    """One horovodrun job (np = 2, the engine and its shm transport), its records, report and chart."""
+    """Two repetitions of a horovodrun job (np = 2, the engine and its shm transport) and, with torch, of the Gloo
+    peer's own torchrun job: their records, report and chart."""
+    has_torch = importlib.util.find_spec("torch") is not None
     out = tmp_path / "run.json"
     chart = tmp_path / "c.png"
     args = ["benchmarks/collectives.py", "--np", "2", "--ops", "allreduce,allgather", "--sizes", "4K,64K",
-            "--rounds", "2", "--sample-ms", "2", "--skip", "latency,fusion,memory,memcpy,mpi,tcp,gloo",
-            "--json", str(out), "--job-timeout", "90"]
+            "--rounds", "2", "--sample-ms", "2", "--reps", "2", "--json", str(out), "--job-timeout", "180",
+            "--skip", "latency,fusion,memory,memcpy,mpi,tcp" + ("" if has_torch else ",gloo")]
     has_mpl = importlib.util.find_spec("matplotlib") is not None
-    proc = _run(args + (["--chart", str(chart)] if has_mpl else []))
+    proc = _run(args + (["--chart", str(chart)] if has_mpl else []), timeout=600)
     records = json.loads(out.read_text())["records"]
     timed = {(r["op"], r["bytes"], r["impl"]) for r in records if r.get("kind") == "sweep" and "median_s" in r}
-    want = {(op, n, impl) for op in ("allreduce", "allgather") for n in (4096, 65536)
-            for impl in ("engine-shm", "raw-shm")}
+    impls = ("engine-shm", "raw-shm") + (("gloo",) if has_torch else ())
+    want = {(op, n, impl) for op in ("allreduce", "allgather") for n in (4096, 65536) for impl in impls}
     assert timed == want, proc.stdout
+    reps = {(r["impl"], r["rep"]) for r in records if r.get("kind") == "sweep" and "median_s" in r}
+    assert reps == {(impl, rep) for impl in impls for rep in (0, 1)}, "every job ran once per repetition"
     assert "## Targets" in proc.stdout and "### allgather, np = 2" in proc.stdout
+    if has_torch:
+        assert "against its peers" in proc.stdout and "× torch Gloo" in proc.stdout, proc.stdout
     if has_mpl:
         assert chart.read_bytes().startswith(PNG)
+
+
+def test_the_gloo_peer_runs_in_its_own_torchrun_job_unbound(tmp_path):
+    """The Gloo peer is started by torchrun (standalone rendezvous), in a job of its own, never inside this
+    project's horovodrun job; its ranks may run on every CPU the driver may (no core binding) with the threads
+    torchrun sets, and the report's header says so."""
+    pytest.importorskip("torch")
+    out = tmp_path / "run.json"
+    proc = _run(["benchmarks/collectives.py", "--np", "2", "--ops", "allreduce", "--sizes", "4K", "--rounds", "1",
+                 "--sample-ms", "1", "--reps", "1", "--skip", "latency,fusion,memory,memcpy,mpi,tcp,shm",
+                 "--json", str(out), "--job-timeout", "180"], timeout=400,
+                env_extra={"OMP_NUM_THREADS": "7", "HOROVOD_BIND_CORES": "1"})  # a user's shell: must not leak
+    records = json.loads(out.read_text())["records"]
+    jobs = {r["job"] for r in records if r.get("kind") == "sweep" and r["impl"] == "gloo"}
+    assert jobs == {"np=2 torchrun gloo rep 0"}, jobs
+    placement = [r for r in records if r.get("kind") == "placement"]
+    assert sorted(r["rank"] for r in placement) == [0, 1], placement
+    for r in placement:
+        assert r["launcher"] == "torchrun"
+        assert r["cpus_allowed"] == sorted(os.sched_getaffinity(0)), f"rank {r['rank']} was bound: {r}"
+        assert r["OMP_NUM_THREADS"] == "1" and r["HOROVOD_BIND_CORES"] is None, r
+    header = proc.stdout.split("Method:")[0]
+    assert "torch Gloo: `" in header and "--standalone --nproc-per-node N" in header, header
+    assert "horovod.runner" not in header.split("torch Gloo: `", 1)[1].split("`", 1)[0], header
+
+
+def test_peer_commands_and_job_plan(tmp_path, monkeypatch):
+    """What the drivers build, without running it: torchrun (no binding, no inherited thread or HOROVOD_*
+    settings) for Gloo and DDP, horovodrun for this project, and every repetition runs each library's own job."""
+    from benchmarks import collectives, torch_training
+    from benchmarks._collectives.jobs import Runner
+    from benchmarks._lib import launch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("HOROVOD_BIND_CORES", "1")
+    env = launch.torchrun_env()
+    assert "OMP_NUM_THREADS" not in env and not any(k.startswith("HOROVOD_") for k in env)
+
+    for cmd in (launch.torchrun_cmd(4, ["x.py"]),
+                torch_training.side_cmd(torch_training.build_args(["--np", "2"]), "ddp", 2)):
+        head = " ".join(cmd[:3])
+        assert os.path.basename(cmd[0]) == "torchrun" or "-m torch.distributed.run" in head, cmd
+        assert "--standalone" in cmd and "--nproc-per-node" in cmd, cmd
+        assert not any("bind" in a or "horovod.runner" in a or "mpirun" in a for a in cmd), cmd
+    hvd_cmd = torch_training.side_cmd(torch_training.build_args(["--np", "2"]), "horovod", 2)
+    assert hvd_cmd[1:3] == ["-m", "horovod.runner"] and "--side" in hvd_cmd and "horovod" in hvd_cmd
+
+    class Args:
+        ops, sizes, rounds, sample_ms, lat_iters, quick = ["allreduce"], [4096], 1, 1.0, 10, True
+        fusion_reps = fusion_rounds = 1
+        job_timeout, mpirun_args = 10.0, "--bind-to none"
+
+    runner = Runner(Args(), str(tmp_path), collectives.SCRIPT)
+    plan = collectives.plan_jobs(runner, 2, 1, ["shm", "tcp"], None, True, set())
+    assert [(p.func.__name__, p.args[1] if p.func.__name__ == "hvd_job" else None) for p in plan] == [
+        ("hvd_job", "shm"), ("gloo_job", None), ("openmpi_job", None), ("hvd_job", "tcp"), ("mpi_job", None)]
+    assert all(p.args[-1] is False for p in plan if p.func.__name__ == "hvd_job" and p.args[1] == "tcp")
+    assert all("fusion" not in p.args[2] for p in plan if p.func.__name__ == "hvd_job"), "fusion: rep 0 only"
+    gloo = runner.gloo_cmd(2, str(tmp_path / "spec.json"))
+    assert "--standalone" in gloo and "horovod.runner" not in " ".join(gloo)
 
 
 def test_transports_compares_an_option_on_the_same_sweep(tmp_path):
@@ -178,3 +274,21 @@ def test_big_result_small_run(tmp_path):
     assert all(len(data["samples_s"][p]) == 1 for p in ("first touch", "in place", "new result", "touch, recycled"))
     assert set(data["vmstat"]["first touch"]) == {"compact_stall", "thp_fault_fallback"}
     assert "| new result |" in proc.stdout
+
+
+def test_torch_training_runs_ddp_under_torchrun_and_horovod_under_horovodrun():
+    """One tiny repetition of each side's job: the table, and a header that names both launchers and shows DDP's
+    ranks allowed on every CPU the driver may use."""
+    pytest.importorskip("torch")
+    proc = _run(["benchmarks/torch_training.py", "--np", "2", "--models", "deepmlp", "--blocks", "1",
+                 "--block-steps", "1", "--warmup", "1", "--reps", "1", "--no-scaling", "--timeout", "400"],
+                timeout=900)
+    out = proc.stdout
+    assert "| deepmlp |" in out and "× DDP" in out and "Target: horovod.torch ≥ 1.1× DDP (torchrun)" in out, out
+    ddp_cmd = out.split("DDP + Gloo (torchrun) launched as**: `", 1)[1].split("`", 1)[0]
+    assert "--standalone --nproc-per-node 2" in ddp_cmd and "horovod.runner" not in ddp_cmd, ddp_cmd
+    hvd_cmd = out.split("horovod.torch (horovodrun) launched as**: `", 1)[1].split("`", 1)[0]
+    assert "-m horovod.runner -np 2" in hvd_cmd, hvd_cmd
+    placement = out.split("DDP + Gloo (torchrun) ranks' placement**: ", 1)[1].splitlines()[0]
+    cpus = str(sorted(os.sched_getaffinity(0)))
+    assert placement.count(f"CPUs {cpus} of") == 2 and "OMP_NUM_THREADS=1" in placement, placement

@@ -150,6 +150,39 @@ class Sync:
         return arr
 
 
+class TorchSync:
+    """Barrier and max across the ranks of a torch.distributed job (the Gloo peer's own group), outside every
+    timed region: that job imports nothing of this project."""
+
+    def __init__(self, torch, dist):
+        self.torch, self.dist = torch, dist
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def max(self, values: Sequence[float]) -> np.ndarray:
+        arr = np.array(values, dtype=np.float64).reshape(-1)
+        if arr.size:
+            self.dist.all_reduce(self.torch.from_numpy(arr), op=self.dist.ReduceOp.MAX)
+        return arr
+
+
+class MpiSync:
+    """Barrier and max across the ranks of an mpi4py job (the Open MPI peer's), on ``COMM_WORLD``."""
+
+    def __init__(self, MPI, comm):
+        self.MPI, self.comm = MPI, comm
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def max(self, values: Sequence[float]) -> np.ndarray:
+        arr = np.array(values, dtype=np.float64).reshape(-1)
+        if arr.size:
+            self.comm.Allreduce(self.MPI.IN_PLACE, arr, op=self.MPI.MAX)
+        return arr
+
+
 class Emitter:
     """Appends JSON lines to this job's result file (rank 0 only, unless ``every_rank``)."""
 

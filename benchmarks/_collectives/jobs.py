@@ -1,5 +1,10 @@
-"""The driver side of a collectives run: one job per world size and launcher, each under a timeout, their JSON
-lines collected."""
+"""The driver side of a collectives run: one job per world size, launcher and repetition, each under a timeout,
+their JSON lines collected.
+
+Each library is launched as its own users launch it, in a job of its own: this project by ``horovodrun`` (or by
+``mpirun`` on its mpi transport), torch.distributed's Gloo by ``torchrun`` (standalone rendezvous, no core
+binding), Open MPI's mpi4py by ``mpirun``.  A peer never runs inside this project's job: ``horovodrun`` binds each
+rank to a core, which made Gloo 13–22× slower at 4 KiB than under torchrun on the 2-core development machine."""
 from __future__ import annotations
 
 import json
@@ -23,6 +28,8 @@ class Runner:
         self.failures: List[str] = []
         self.t_start = time.monotonic()
         self.seq = 0
+        # how each library's jobs were started: "this project, shm" -> the command line (the run header prints them)
+        self.launches: Dict[str, str] = {}
 
     def log(self, msg: str) -> None:
         print(f"[{time.monotonic() - self.t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
@@ -51,6 +58,16 @@ class Runner:
                         n += 1
         return n
 
+    def note_launch(self, what: str, cmd: List[str], env_note: str = "") -> None:
+        """Remember how ``what`` was launched (the world size shown as N, the spec file's path as SPEC)."""
+        if what not in self.launches:
+            shown = ["N" if i and cmd[i - 1] in ("-np", "--nproc-per-node") else "SPEC" if a.startswith(self.tmp)
+                     else os.path.relpath(a) if a == self.script else a for i, a in enumerate(cmd)]
+            shown = [a for a in shown if a != "--oversubscribe"]
+            if any(os.path.basename(a) == "mpirun" for a in cmd[:1]):
+                env_note = ", ".join(x for x in (env_note, "--oversubscribe added when N > cores") if x)
+            self.launches[what] = f"`{shlex.join(shown)}`" + (f" ({env_note})" if env_note else "")
+
     def run(self, label: str, cmd: List[str], env: Dict[str, str], out: str, timeout: float) -> bool:
         self.log(f"{label}: starting")
         t0 = time.monotonic()
@@ -71,30 +88,59 @@ class Runner:
                 "max_iters": 5000, "lat_iters": a.lat_iters, "lat_block": 100, "fusion_reps": a.fusion_reps,
                 "fusion_rounds": a.fusion_rounds, "fusion_inline_variants": not a.quick, "timeout": 120.0}
 
-    def hvd_job(self, np_: int, transport: str, gloo: bool, phases: List[str]) -> None:
-        label = f"np={np_} horovodrun {transport}" + (" + gloo" if gloo else "")
-        path, out = self._spec(kind="hvd", job=label, transport=transport, gloo=gloo,
-                               gloo_port=launch.free_port(), phases=phases, **self.common())
+    def hvd_job(self, np_: int, transport: str, phases: List[str], rep: int = 0, torch: bool = False) -> None:
+        """This project under ``horovodrun`` (its engine, a raw transport beside it, and with ``torch`` the
+        horovod.torch binding), as its users launch it: the launcher binds each rank to its cores."""
+        label = f"np={np_} horovodrun {transport} rep {rep}"
+        path, out = self._spec(kind="hvd", job=label, transport=transport, torch=torch, phases=phases, rep=rep,
+                               **self.common())
         cmd = launch.horovodrun_cmd(np_, [sys.executable, self.script, "--worker", path],
                                      ["--start-timeout", "120"])
+        self.note_launch(f"this project, {transport}", cmd, f"HOROVOD_TRANSPORT={transport}")
         env = launch.repo_env({"HOROVOD_TRANSPORT": transport})
         self.run(label, cmd, env, out, self.args.job_timeout)
 
-    def mpi_job(self, np_: int, phases: List[str]) -> None:
-        label = f"np={np_} mpirun"
-        path, out = self._spec(kind="mpi", job=label, phases=phases, **self.common())
+    def mpi_job(self, np_: int, phases: List[str], rep: int = 0) -> None:
+        """This project on its mpi transport, under ``mpirun`` (how its users start it on MPI)."""
+        label = f"np={np_} mpirun hvd rep {rep}"
+        path, out = self._spec(kind="mpi", job=label, phases=phases, rep=rep, **self.common())
         cmd = launch.mpirun_cmd(np_, [sys.executable, self.script, "--worker", path],
                                  shlex.split(self.args.mpirun_args))
+        self.note_launch("this project, mpi", cmd, "HOROVOD_TRANSPORT=mpi")
         self.run(label, cmd, launch.mpi_env({"HOROVOD_TRANSPORT": "mpi"}), out, self.args.job_timeout)
+
+    def gloo_job(self, np_: int, phases: List[str], rep: int = 0) -> None:
+        """torch.distributed on Gloo in its own ``torchrun`` job: standalone rendezvous, no core binding, the
+        threads torchrun sets (see :func:`benchmarks._lib.launch.torchrun_env`)."""
+        label = f"np={np_} torchrun gloo rep {rep}"
+        path, out = self._spec(kind="gloo", job=label, phases=phases, rep=rep, **self.common())
+        cmd = self.gloo_cmd(np_, path)
+        self.note_launch("torch Gloo", cmd, "OMP_NUM_THREADS and HOROVOD_* unset in its environment")
+        self.run(label, cmd, launch.torchrun_env(), out, self.args.job_timeout)
+
+    def gloo_cmd(self, np_: int, spec_path: str) -> List[str]:
+        """The command line of the Gloo peer's job."""
+        return launch.torchrun_cmd(np_, [self.script, "--worker", spec_path])
+
+    def openmpi_job(self, np_: int, phases: List[str], rep: int = 0) -> None:
+        """mpi4py on Open MPI in its own ``mpirun`` job (nothing of this project in its processes)."""
+        label = f"np={np_} mpirun openmpi rep {rep}"
+        path, out = self._spec(kind="openmpi", job=label, phases=phases, rep=rep, **self.common())
+        cmd = launch.mpirun_cmd(np_, [sys.executable, self.script, "--worker", path],
+                                 shlex.split(self.args.mpirun_args))
+        self.note_launch("Open MPI (mpi4py)", cmd)
+        self.run(label, cmd, launch.mpi_env(), out, self.args.job_timeout)
 
     def memory_job(self, impl: str, transport: Optional[str]) -> None:
         label = f"memory {impl}" + (f" {transport}" if transport else "")
-        path, out = self._spec(kind="memory", job=label, rss_impl=impl, rss_bytes=64 * MIB,
-                               gloo_port=launch.free_port(), transport=transport, timeout=120.0)
+        path, out = self._spec(kind="memory", job=label, rss_impl=impl, rss_bytes=64 * MIB, transport=transport,
+                               timeout=120.0)
         argv = [sys.executable, self.script, "--worker", path]
         if impl == "openmpi":
             cmd = launch.mpirun_cmd(2, argv, shlex.split(self.args.mpirun_args))
             env = launch.mpi_env()
+        elif impl == "gloo":  # its own job, as for the sweep
+            cmd, env = self.gloo_cmd(2, path), launch.torchrun_env()
         else:
             cmd = launch.horovodrun_cmd(2, argv, ["--start-timeout", "120"])
             env = launch.repo_env({"HOROVOD_TRANSPORT": transport} if transport else None)

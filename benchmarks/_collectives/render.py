@@ -5,12 +5,15 @@ import statistics
 from typing import Dict, List, Tuple
 
 from benchmarks._collectives.cases import LABELS, LATENCY_PATTERNS, ORDER
-from benchmarks._collectives.results import Results
+from benchmarks._collectives.results import Results, fmt_ratio, rep_times
 from benchmarks._collectives.verdicts import evaluate
 from benchmarks._lib.measure import MIB, bus_factor, fmt_bw, fmt_time, format_size
 from benchmarks._lib.report import table
 
 TITLE = "Collectives: this project vs torch.distributed (Gloo) and Open MPI"
+# The peers every ratio is taken against: each measured in jobs of its own, launched as its users launch it
+# (Gloo by torchrun, Open MPI by mpirun; benchmarks/_collectives/jobs.py).
+PEERS = ("gloo", "openmpi")
 
 
 def render(ops: List[str], res: Results, memcpy: Dict[int, float], info: Dict[str, str], failures: List[str],
@@ -62,6 +65,8 @@ def render(ops: List[str], res: Results, memcpy: Dict[int, float], info: Dict[st
                 rows.append(row)
             lines += table(["size"] + [LABELS[i] for i in present] + (["np.copyto GB/s"] if memcpy else []), rows)
 
+    lines += _against_peers(ops, res, nps, primary)
+
     # -- latency
     lat = res.kinds("latency")
     if lat:
@@ -70,27 +75,34 @@ def render(ops: List[str], res: Results, memcpy: Dict[int, float], info: Dict[st
         add("")
         add("Patterns: *back to back* (a tight loop); *barrier before each* (ranks line up first); *1 ms compute "
             "before each* (every rank sleeps 1 ms before each call, as a training step computes between "
-            "collectives). Only the call is timed. The *wake-up probe* row is the machine's floor for the last "
-            "pattern at np = 2: two processes ping-pong one byte over a Unix socket after the same 1 ms sleep.")
+            "collectives). Only the call is timed; median, p90 and mean are medians over repetitions. The "
+            "*wake-up probe* row is the machine's floor for the last pattern at np = 2: two processes ping-pong one "
+            "byte over a Unix socket after the same 1 ms sleep.")
         add("")
         rows = []
         for np_ in sorted({r["np"] for r in lat}):
             for pattern in LATENCY_PATTERNS:
                 for impl in present + [i for i in ORDER if i not in present]:
-                    for r in lat:
-                        if r["impl"] != impl or r["np"] != np_ or r.get("pattern", LATENCY_PATTERNS[0]) != pattern:
-                            continue
-                        if "median_s" in r:
-                            rows.append([str(np_), pattern, LABELS[impl], fmt_time(r["median_s"]),
-                                         fmt_time(r["p90_s"]), fmt_time(r["mean_s"]), str(r["iters"])])
-                        else:
+                    comb = res.latency(impl, np_, pattern)  # the median over repetitions
+                    if comb is not None:
+                        reps = list(rep_times(comb).values())
+                        calls = comb["iters"] * len(reps) if isinstance(comb["iters"], int) else comb["iters"]
+                        rows.append([str(np_), pattern, LABELS[impl], fmt_time(comb["median_s"]),
+                                     f"{fmt_time(min(reps))}–{fmt_time(max(reps))}" if len(reps) > 1 else "–",
+                                     fmt_time(comb["p90_s"]), fmt_time(comb["mean_s"]), str(calls)])
+                        continue
+                    for r in lat:  # never timed: its error, once
+                        if (r["impl"] == impl and r["np"] == np_ and "median_s" not in r
+                                and r.get("pattern", LATENCY_PATTERNS[0]) == pattern):
                             rows.append([str(np_), pattern, LABELS[impl], "WRONG" if r.get("wrong") else "error",
-                                         r.get("error", "")[:80], "", ""])
+                                         "", r.get("error", "")[:80], "", ""])
+                            break
                 if pattern == LATENCY_PATTERNS[2]:
-                    rows += [[str(np_), pattern, "wake-up probe (floor)", fmt_time(r["median_s"]),
+                    rows += [[str(np_), pattern, "wake-up probe (floor)", fmt_time(r["median_s"]), "–",
                               fmt_time(r["p90_s"]), fmt_time(r["mean_s"]), str(r["iters"])]
                              for r in res.kinds("wakeup") if r["np"] == np_]
-        lines += table(["np", "pattern", "implementation", "median", "p90", "mean", "calls"], rows)
+        lines += table(["np", "pattern", "implementation", "median", "range over reps", "p90", "mean", "calls"],
+                        rows)
 
     # -- fusion
     fus = res.kinds("fusion")
@@ -163,14 +175,17 @@ def render(ops: List[str], res: Results, memcpy: Dict[int, float], info: Dict[st
                                  + r.get("error", "")[:100], "", "", "", ""])
                     continue
                 algbw = nbytes / r["median_s"] / 1e9
-                ref = res.busbw(op, np_, nbytes, "openmpi")
                 bus = algbw * bus_factor(op, np_)
                 lo, hi = min(r["iters"]), max(r["iters"])
-                rows.append([format_size(nbytes), LABELS[impl], fmt_time(r["median_s"]), f"{algbw:.3f}",
-                             f"{bus:.3f}", f"{bus / ref:.2f}" if ref else "–",
+                reps = list(rep_times(r).values())
+                spread = f"{fmt_time(min(reps))}–{fmt_time(max(reps))}" if len(reps) > 1 else "–"
+                rows.append([format_size(nbytes), LABELS[impl], fmt_time(r["median_s"]), spread, f"{algbw:.3f}",
+                             f"{bus:.3f}",
+                             *[fmt_ratio(res.ratio(op, np_, nbytes, impl, peer)) if impl not in PEERS else "–"
+                               for peer in PEERS],
                              f"{r['rounds']} × {lo}" + (f"–{hi}" if hi != lo else "")])
-            lines += table(["size", "implementation", "median time", "algbw GB/s", "busbw GB/s",
-                             "busbw ÷ Open MPI", "rounds×calls"], rows, "llrrrrr")
+            lines += table(["size", "implementation", "median time", "range over reps", "algbw GB/s",
+                             "busbw GB/s", "× Gloo", "× Open MPI", "rounds×calls"], rows, "llrrrrrrr")
     if memcpy:
         add("")
         add("### numpy copy ceiling (np.copyto, one core)")
@@ -192,6 +207,30 @@ def render(ops: List[str], res: Results, memcpy: Dict[int, float], info: Dict[st
         add("")
         lines += table(["target", "measured", "required", "result"], evaluate(res, primary), "llll")
     return "\n".join(lines) + "\n"
+
+
+def _against_peers(ops: List[str], res: Results, nps: List[int], primary: str) -> List[str]:
+    """This project's engine (primary transport) against each peer, size by size: the speed ratio within each
+    repetition, median (min–max)."""
+    ours = f"engine-{primary}"
+    peers = [p for p in PEERS if any(k[3] == p for k in res.sweep)]
+    if not peers or not any(k[3] == ours for k in res.sweep):
+        return []
+    out = ["", f"## {LABELS[ours]} against its peers, each launched as its users launch it", "",
+           "× = the peer's time ÷ ours at the same size (above 1: we are faster), within each repetition; median "
+           "(min–max) over repetitions. Gloo ran under torchrun and Open MPI under mpirun, each in jobs of its own "
+           "(the header gives the command lines and the CPUs their ranks were allowed)."]
+    for np_ in nps:
+        rows = []
+        for op in ops:
+            for nbytes in sorted({k[2] for k in res.sweep if k[0] == op and k[1] == np_}):
+                ratios = [fmt_ratio(res.ratio(op, np_, nbytes, ours, p)) for p in peers]
+                if any(x != "–" for x in ratios):
+                    rows.append([op, format_size(nbytes), *ratios])
+        if rows:
+            out += ["", f"### np = {np_}", ""]
+            out += table(["collective", "size", *[f"× {LABELS[p]}" for p in peers]], rows, "ll" + "r" * len(peers))
+    return out
 
 
 def _notes(res: Results, failures: List[str]) -> List[str]:

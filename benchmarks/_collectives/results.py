@@ -1,6 +1,13 @@
-"""The records of every job of a run, indexed for the tables, the targets and the charts."""
+"""The records of every job of a run, indexed for the tables, the targets and the charts.
+
+A run repeats every job (``--reps``): a sweep or latency record of one implementation at one size exists once per
+repetition. Here they become one record whose ``median_s`` is the median over repetitions (``rep_medians_s``
+keeps each repetition's, for the spread), and a ratio against a peer is taken within each repetition (the jobs of
+one repetition ran minutes apart, those of different repetitions further) and summarised by its median and range.
+"""
 from __future__ import annotations
 
+import statistics
 from typing import Dict, List, Optional, Tuple
 
 from benchmarks._collectives.cases import LABELS, LATENCY_PATTERNS, ORDER
@@ -12,10 +19,19 @@ class Results:
 
     def __init__(self, records: List[dict]):
         self.records = records
-        self.sweep: Dict[Tuple[str, int, int, str], dict] = {}
+        groups: Dict[Tuple[str, int, int, str], List[dict]] = {}
         for r in records:
             if r.get("kind") == "sweep":
-                self.sweep[(r["op"], r["np"], r["bytes"], r["impl"])] = r
+                groups.setdefault((r["op"], r["np"], r["bytes"], r["impl"]), []).append(r)
+        self.sweep: Dict[Tuple[str, int, int, str], dict] = {k: combine(v) for k, v in groups.items()}
+
+    def ratio(self, op: str, np_: int, nbytes: int, impl: str, peer: str) -> Optional[Tuple[float, float, float]]:
+        """``impl``'s speed ÷ ``peer``'s (peer's time ÷ impl's), within each repetition both measured in:
+        (median, min, max) over those repetitions; None when no repetition measured both."""
+        a, b = self.sweep.get((op, np_, nbytes, impl)), self.sweep.get((op, np_, nbytes, peer))
+        if not a or not b or "median_s" not in a or "median_s" not in b:
+            return None
+        return paired_ratio(a, b)
 
     def busbw(self, op: str, np_: int, nbytes: int, impl: str) -> Optional[float]:
         r = self.sweep.get((op, np_, nbytes, impl))
@@ -24,11 +40,11 @@ class Results:
         return nbytes / r["median_s"] / 1e9 * bus_factor(op, np_)
 
     def latency(self, impl: str, np_: int = 2, pattern: str = LATENCY_PATTERNS[0]) -> Optional[dict]:
-        for r in self.records:
-            if (r.get("kind") == "latency" and r["impl"] == impl and r["np"] == np_ and "median_s" in r
-                    and r.get("pattern", LATENCY_PATTERNS[0]) == pattern):
-                return r
-        return None
+        """One 8-byte allreduce's latency record, combined over repetitions (None when none was measured)."""
+        recs = [r for r in self.records
+                if r.get("kind") == "latency" and r["impl"] == impl and r["np"] == np_ and "median_s" in r
+                and r.get("pattern", LATENCY_PATTERNS[0]) == pattern]
+        return combine(recs) if recs else None
 
     def kinds(self, kind: str) -> List[dict]:
         return [r for r in self.records if r.get("kind") == kind]
@@ -57,3 +73,48 @@ class Results:
                 if r:
                     groups.setdefault(pattern, {})[LABELS[impl]] = r["median_s"] * 1e6
         return groups
+
+
+def combine(recs: List[dict]) -> dict:
+    """The records of one measurement from every repetition as one: medians over the repetitions that produced a
+    time (``rep_medians_s`` by repetition); when none did, the first record (its error)."""
+    timed = sorted((r for r in recs if "median_s" in r), key=lambda r: r.get("rep", 0))
+    if not timed:
+        return recs[0]
+    if len(timed) == 1 and len(recs) == 1:
+        return timed[0]
+    out = dict(timed[0])
+    out["rep_medians_s"] = {int(r.get("rep", 0)): r["median_s"] for r in timed}
+    for key in ("median_s", "p90_s", "mean_s"):
+        if all(key in r for r in timed):
+            out[key] = statistics.median(r[key] for r in timed)
+    if "iters" in out and isinstance(out["iters"], list):
+        out["iters"] = [i for r in timed for i in r["iters"]]
+    if "samples_s" in out:
+        out["samples_s"] = [x for r in timed for x in r["samples_s"]]
+    failed = len(recs) - len(timed)
+    if failed:
+        out["failed_reps"] = failed
+    return out
+
+
+def rep_times(rec: dict) -> Dict[int, float]:
+    """Repetition -> median time of one combined (or single) record."""
+    return rec.get("rep_medians_s") or {int(rec.get("rep", 0)): rec["median_s"]}
+
+
+def paired_ratio(ours: dict, peer: dict) -> Optional[Tuple[float, float, float]]:
+    """peer's time ÷ ours within each repetition both were timed in: (median, min, max); None without one."""
+    a, b = rep_times(ours), rep_times(peer)
+    ratios = [b[k] / a[k] for k in sorted(set(a) & set(b)) if a[k] > 0]
+    if not ratios:
+        return None
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def fmt_ratio(r: Optional[Tuple[float, float, float]]) -> str:
+    """``1.27× (0.54–1.97)``; one repetition: ``1.27×``; ``–`` for none."""
+    if r is None:
+        return "–"
+    med, lo, hi = r
+    return f"{med:.2f}×" + (f" ({lo:.2f}–{hi:.2f})" if hi > lo else "")

