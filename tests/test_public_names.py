@@ -20,7 +20,8 @@ with open(RECORD, encoding="utf-8") as f:
 # What each module needs installed to import.
 NEEDS = {"horovod.numpy": (), "horovod.torch": ("torch",), "horovod.torch.mpi_ops": ("torch",),
          "horovod.tensorflow": ("tensorflow",), "horovod.keras": ("tensorflow",),
-         "horovod.tensorflow.keras": ("tensorflow",), "horovod.jax": ("jax", "optax")}
+         "horovod.tensorflow.keras": ("tensorflow",), "horovod.jax": ("jax", "optax"),
+         "horovod.lightning": ("torch", "lightning")}
 
 
 def _module(name: str):
