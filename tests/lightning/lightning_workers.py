@@ -74,8 +74,9 @@ def _module_class(pl):
     import torch.nn.functional as F
 
     class Classifier(pl.LightningModule):
-        def __init__(self, lr: float = 0.1, momentum: float = 0.9, scores=None) -> None:
+        def __init__(self, lr: float = 0.1, momentum: float = 0.9, scores=None, manual: bool = False) -> None:
             super().__init__()
+            self.automatic_optimization = not manual
             import horovod.torch as hvd
 
             hvd.init()   # idempotent; the strategy calls it too, but this module is built before the Trainer
@@ -90,6 +91,11 @@ def _module_class(pl):
             x, y, _ = batch
             loss = F.cross_entropy(self(x), y)
             self.log("train_loss", loss, sync_dist=True)
+            if not self.automatic_optimization:
+                opt = self.optimizers()
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
             return loss
 
         def validation_step(self, batch, batch_idx):
@@ -138,29 +144,33 @@ def _params(module) -> Dict[str, np.ndarray]:
     return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
 
 
-def fit_worker(package: str, accumulate: int, batch: int, epochs: int) -> dict:
-    """Fit with ``strategy="horovod"`` (``lightning``) or ``HorovodStrategy()`` (``pytorch_lightning``)."""
+def fit_worker(package: str, accumulate: int, batch: int, epochs: int, manual: bool = False) -> dict:
+    """Fit with ``strategy="horovod"`` (``lightning``) or ``HorovodStrategy(scale_learning_rate=True)`` and half the
+    learning rate (``pytorch_lightning``): both must give the reference's learning rate of 0.1 at 2 ranks."""
     import importlib
 
     import torch
 
     torch.set_num_threads(1)
-    import horovod.torch  # noqa: F401  (what registers the strategy name: any horovod import)
+    import horovod.torch as hvd  # what registers the strategy name: any horovod import
 
+    hvd.init()
     pl = importlib.import_module(package)
+    lr = 0.1
     if package == "lightning.pytorch":
         strategy = "horovod"
     else:
         from horovod.lightning.pl_strategy import HorovodStrategy
 
-        strategy = HorovodStrategy()
-    model = _module_class(pl)()
+        strategy, lr = HorovodStrategy(scale_learning_rate=True), 0.1 / hvd.size()
+    model = _module_class(pl)(lr=lr, manual=manual)
     trainer = pl.Trainer(strategy=strategy, max_epochs=epochs, accumulate_grad_batches=accumulate,
                          enable_checkpointing=False, num_sanity_val_steps=0, **_trainer_kwargs())
     trainer.fit(model, loader(N_TRAIN, SEED, batch))
     return {"params": _params(model), "global_step": trainer.global_step, "world_size": trainer.world_size,
             "global_rank": trainer.global_rank, "strategy": type(trainer.strategy).__module__,
-            "passes": [getattr(o, "backward_passes_per_step", None) for o in trainer.optimizers]}
+            "passes": [getattr(o, "backward_passes_per_step", None) for o in trainer.optimizers],
+            "lr": [g["lr"] for o in trainer.optimizers for g in o.param_groups]}
 
 
 def callbacks_worker(tmpdir: str, scores: List[float]) -> dict:
@@ -210,6 +220,15 @@ def callbacks_worker(tmpdir: str, scores: List[float]) -> dict:
     out["gathered"] = model.gathered
     out["predict"] = trainer.predict(model, loader(N_VAL, SEED + 3, 4))
     out["collectives"] = _collectives(trainer.strategy)
+
+    # resume from the best checkpoint (written by rank 0, read by every rank) for one more epoch
+    resumed = _module_class(pl)()
+    trainer2 = pl.Trainer(strategy="horovod", max_epochs=3, enable_checkpointing=False, num_sanity_val_steps=0,
+                          **_trainer_kwargs(tmpdir))
+    trainer2.fit(resumed, loader(N_TRAIN, SEED, 8), ckpt_path=checkpoint.best_model_path)
+    momentum = [s["momentum_buffer"].numpy().copy() for s in trainer2.optimizers[0].state.values()]
+    out["resumed"] = {"global_step": trainer2.global_step, "params": _params(resumed), "momentum": momentum,
+                      "step_at_best": int(torch.load(checkpoint.best_model_path, weights_only=False)["global_step"])}
     return out
 
 

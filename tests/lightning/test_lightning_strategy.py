@@ -1,8 +1,8 @@
 """``Trainer(strategy="horovod")`` on 2 real ranks (tests/multiproc.py gives them horovodrun's environment).
 
 - a model fitted on 2 ranks equals one process trained on the combined batch (plain torch, same seed), for the
-  ``lightning`` package by name and for ``pytorch_lightning`` with a ``HorovodStrategy()`` instance and
-  ``accumulate_grad_batches=3`` (a short last window in every epoch);
+  ``lightning`` package by name, for ``pytorch_lightning`` with a ``HorovodStrategy(scale_learning_rate=True)``
+  instance and ``accumulate_grad_batches=3`` (a short last window in every epoch), and with manual optimization;
 - ModelCheckpoint and EarlyStopping on a rank-dependent score that ``sync_dist`` makes equal: every rank stops at
   the same epoch and names the same best checkpoint, and only rank 0 writes or removes files; then validate, test
   and predict, whose values are checked against numpy, and the strategy's collectives.
@@ -32,13 +32,15 @@ def _assert_params_close(got: dict, want: dict, what: str) -> None:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=ATOL, err_msg=f"{what}: {name}")
 
 
-@pytest.mark.parametrize("package, accumulate, batch, epochs", [
-    ("lightning.pytorch", 1, 4, 2),
-    ("pytorch_lightning", 3, 4, 2),
+@pytest.mark.parametrize("package, accumulate, batch, epochs, manual", [
+    ("lightning.pytorch", 1, 4, 2, False),
+    ("pytorch_lightning", 3, 4, 2, False),    # with scale_learning_rate=True and half the learning rate
+    ("lightning.pytorch", 1, 8, 1, True),     # manual optimization: manual_backward, opt.step()
 ])
-def test_fit_on_two_ranks_equals_one_process_on_the_combined_batch(package, accumulate, batch, epochs):
+def test_fit_on_two_ranks_equals_one_process_on_the_combined_batch(package, accumulate, batch, epochs, manual):
     pytest.importorskip(package)
-    results = run_ranks(lw.fit_worker, NP, args=(package, accumulate, batch, epochs), env=ENV, timeout=TIMEOUT)
+    results = run_ranks(lw.fit_worker, NP, args=(package, accumulate, batch, epochs, manual), env=ENV,
+                        timeout=TIMEOUT)
     want = lw.reference_fit(batch * NP, epochs, accumulate, lr=0.1, momentum=0.9)
     steps_per_epoch = -(-(lw.N_TRAIN // (batch * NP)) // accumulate)
     expected_module = {"lightning.pytorch": "horovod.lightning.strategy",
@@ -46,6 +48,7 @@ def test_fit_on_two_ranks_equals_one_process_on_the_combined_batch(package, accu
     for rank, out in enumerate(results):
         assert (out["global_rank"], out["world_size"], out["strategy"]) == (rank, NP, expected_module), out
         assert out["passes"] == [accumulate], out["passes"]
+        assert out["lr"] == [pytest.approx(0.1)], out["lr"]
         assert out["global_step"] == epochs * steps_per_epoch, (rank, out["global_step"])
         _assert_params_close(out["params"], want, f"rank {rank}, {package}, accumulate {accumulate}")
     # and the reference differs from a run without the other rank's half of each batch (the check can fail)
@@ -117,3 +120,15 @@ def test_callbacks_checkpoints_and_the_loops_on_two_ranks(tmp_path):
         np.testing.assert_array_equal(c["gather"], [[r, 10 * r] for r in range(NP)])
         assert c["broadcast"] == {"from": NP - 1}
         assert (c["any"], c["all"]) == (True, NP == 1)
+
+    # resumed for one epoch from the best checkpoint (epoch 1): the step count goes on, the ranks agree
+    steps_per_epoch = lw.N_TRAIN // (8 * NP)
+    for rank, out in enumerate(results):
+        got = out["resumed"]
+        assert got["step_at_best"] == 2 * steps_per_epoch, got["step_at_best"]
+        assert got["global_step"] == 3 * steps_per_epoch, (rank, got["global_step"])
+        for name in r0["resumed"]["params"]:
+            np.testing.assert_array_equal(got["params"][name], r0["resumed"]["params"][name], err_msg=name)
+        assert len(got["momentum"]) == len(r0["params"])
+        for a, b in zip(got["momentum"], r0["resumed"]["momentum"]):
+            np.testing.assert_array_equal(a, b)
