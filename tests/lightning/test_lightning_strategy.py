@@ -2,14 +2,17 @@
 
 - a model fitted on 2 ranks equals one process trained on the combined batch (plain torch, same seed), for the
   ``lightning`` package by name, for ``pytorch_lightning`` with a ``HorovodStrategy(scale_learning_rate=True)``
-  instance and ``accumulate_grad_batches=3`` (a short last window in every epoch), and with manual optimization;
+  instance and ``accumulate_grad_batches=3`` (a short last window in every epoch), with manual optimization,
+  and with the ranks started by ``mpirun``;
 - ModelCheckpoint and EarlyStopping on a rank-dependent score that ``sync_dist`` makes equal: every rank stops at
   the same epoch and names the same best checkpoint, and only rank 0 writes or removes files; then validate, test
   and predict, whose values are checked against numpy, and the strategy's collectives.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -32,15 +35,19 @@ def _assert_params_close(got: dict, want: dict, what: str) -> None:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=ATOL, err_msg=f"{what}: {name}")
 
 
-@pytest.mark.parametrize("package, accumulate, batch, epochs, manual", [
-    ("lightning.pytorch", 1, 4, 2, False),
-    ("pytorch_lightning", 3, 4, 2, False),    # with scale_learning_rate=True and half the learning rate
-    ("lightning.pytorch", 1, 8, 1, True),     # manual optimization: manual_backward, opt.step()
+@pytest.mark.parametrize("package, accumulate, batch, epochs, manual, launcher", [
+    ("lightning.pytorch", 1, 4, 2, False, "subprocess"),
+    ("pytorch_lightning", 3, 4, 2, False, "subprocess"),   # scale_learning_rate=True and half the learning rate
+    ("lightning.pytorch", 1, 8, 1, True, "subprocess"),    # manual optimization: manual_backward, opt.step()
+    ("lightning.pytorch", 2, 4, 1, False, "mpirun"),       # started by mpirun: Open MPI's environment
 ])
-def test_fit_on_two_ranks_equals_one_process_on_the_combined_batch(package, accumulate, batch, epochs, manual):
+def test_fit_on_two_ranks_equals_one_process_on_the_combined_batch(package, accumulate, batch, epochs, manual,
+                                                                     launcher):
     pytest.importorskip(package)
+    if launcher == "mpirun" and (shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None):
+        pytest.skip("mpirun and mpi4py are not installed")
     results = run_ranks(lw.fit_worker, NP, args=(package, accumulate, batch, epochs, manual), env=ENV,
-                        timeout=TIMEOUT)
+                        timeout=TIMEOUT, launcher=launcher)
     want = lw.reference_fit(batch * NP, epochs, accumulate, lr=0.1, momentum=0.9)
     steps_per_epoch = -(-(lw.N_TRAIN // (batch * NP)) // accumulate)
     expected_module = {"lightning.pytorch": "horovod.lightning.strategy",
