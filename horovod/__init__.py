@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from horovod.version import __version__  # noqa: F401
+# Registers Trainer(strategy="horovod") with Lightning, now or whenever Lightning is imported (imports neither).
+from horovod import lightning as _lightning  # noqa: F401,E402
 
 
 def run(*args, **kwargs):

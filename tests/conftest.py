@@ -64,6 +64,7 @@ _FOLDER_NEEDS = {
     "jax": ("jax", "optax"),
     "mxnet": ("mxnet",),
     "ray": ("ray",),
+    "lightning": ("lightning", "torch"),
 }
 
 

@@ -1,5 +1,5 @@
-"""Imports point down the layers drawn in docs/architecture.md: transport → engine → common → bindings → runner →
-launch engines (spark, ray).
+"""Imports point down the layers drawn in docs/architecture.md: transport → engine → common → bindings → runner
+(and the Lightning strategy, over the torch binding) → launch engines (spark, ray).
 
 Walks the AST of every module under ``horovod/`` (top-level and function-level imports alike) and fails on any
 import of a higher layer, naming the file and line.
@@ -12,7 +12,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "horovod"
 LAYERS = {"transport": 0, "engine": 1, "common": 2,
           "numpy": 3, "torch": 3, "tensorflow": 3, "keras": 3, "_keras": 3, "mxnet": 3, "jax": 3,
-          "runner": 4, "doctor": 4, "spark": 5, "ray": 5}
+          "runner": 4, "doctor": 4, "lightning": 4, "spark": 5, "ray": 5}
 
 
 def _imports(path: pathlib.Path):

@@ -18,7 +18,8 @@ with open(RECORD, encoding="utf-8") as f:
     RECORDED = json.load(f)
 
 # What each module needs installed to import.
-NEEDS = {"horovod.numpy": (), "horovod.torch": ("torch",), "horovod.torch.mpi_ops": ("torch",),
+NEEDS = {"horovod.lightning": ("torch", "lightning"),
+         "horovod.numpy": (), "horovod.torch": ("torch",), "horovod.torch.mpi_ops": ("torch",),
          "horovod.tensorflow": ("tensorflow",), "horovod.keras": ("tensorflow",),
          "horovod.tensorflow.keras": ("tensorflow",), "horovod.jax": ("jax", "optax"),
          "horovod.ray": ("ray", "pydantic", "pandas", "pyarrow", "fsspec")}   # HorovodTrainer: Ray Train's deps
