@@ -188,7 +188,10 @@ class WarmPath:
         return None
 
     def next_deadline(self) -> Optional[float]:
-        return self.state.next_deadline()
+        # Under the lock: user threads add hits (take) while the driver computes its select timeout; iterating the
+        # hits unlocked failed a TF graph's kernels with "dictionary changed size during iteration".
+        with self.lock:
+            return self.state.next_deadline()
 
     def close(self) -> None:
         self.board.close()

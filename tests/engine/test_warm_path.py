@@ -469,3 +469,38 @@ def test_a_frozen_rank_while_the_others_wait_in_a_round_over_tcp_is_named():
     for rank, (kind, text) in outcomes.items():
         assert kind == "HorovodInternalError" and "rank 2" in text, (rank, kind, text)
 
+
+
+def test_the_drivers_deadline_reads_hits_under_the_lock_user_threads_add_them_with():
+    # Regression: a TF1 graph at np = 3 runs many kernels at once; one thread's take() added hits while another,
+    # driving, iterated them for its select timeout: "dictionary changed size during iteration" failed a rank.
+    import threading
+
+    from horovod.engine.warm import WarmPath
+
+    names = [f"t{i}" for i in range(512)]
+    warm = WarmPath(None, 512)   # the board is not used by taking hits or by the deadline
+    msg = _cold_message(SlotTable(512), names)
+    warm.apply(msg, {n: _req(0, n) for n in names})
+    requests = [_req(0, n) for n in names]
+    stop, errors = threading.Event(), []
+
+    def churn():
+        while not stop.is_set():
+            warm.take(requests, 0.0)
+            with warm.lock:
+                warm.state.hits.clear()
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        for _ in range(3000):
+            try:
+                warm.next_deadline()
+            except RuntimeError as exc:
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not errors, errors
