@@ -172,6 +172,10 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("small_message_bytes", int, 256 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", None, None,
          "tcp transport: below this many bytes, latency-optimal algorithms instead of rings (shm switches at "
          "1 MiB on its own)."),
+    Knob("gpu_operation_timeout_seconds", float, 600.0, "HOROVOD_GPU_OPERATION_TIMEOUT_SECONDS", None, None,
+         "Seconds a GPU collective may take on the device after it was enqueued; then (or at any asynchronous "
+         "NCCL error) the engine dumps its flight recorder, aborts its NCCL communicators and fails every pending "
+         "collective with the reason (0: never)."),
 )
 
 KNOBS_BY_NAME: Dict[str, Knob] = {k.name: k for k in KNOBS}

@@ -66,6 +66,8 @@ class Executor:
         self.config = config
         self.timeline_of: Callable[[], Any] = lambda: None   # the runtime's current timeline (it may be replaced)
         self._devices: Any = None   # the DeviceExecutor, made at the first GPU response
+        # Set by the engine: called (from the GPU watchdog's thread) when the device plane failed.
+        self.on_device_failure: Optional[Callable[[BaseException], None]] = None
 
     @property
     def devices(self):
@@ -81,6 +83,20 @@ class Executor:
         if self._devices is not None:
             self._devices.close(abort)
             self._devices = None
+
+    def forget_set(self, set_id: int) -> None:
+        """A process set was removed: free its device resources (NCCL communicators, once their work is done)."""
+        if self._devices is not None:
+            self._devices.forget_set(set_id)
+
+    def settle_devices(self, timeout: Optional[float] = None) -> None:
+        """Wait until the GPU work enqueued so far completed; raise if the device plane failed."""
+        if self._devices is not None:
+            self._devices.settle(timeout)
+
+    def device_failure(self) -> Optional[BaseException]:
+        """The device plane's failure (a GPU collective timed out, an asynchronous NCCL error), else ``None``."""
+        return self._devices.watchdog.failure if self._devices is not None else None
 
     def activity_prefix(self, resp: Response) -> Optional[str]:
         """The timeline's name for the data plane of ``resp`` when it is not the host transport's."""

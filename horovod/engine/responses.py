@@ -45,6 +45,7 @@ class Responses:
                 # The coordinator's payload: (the id asked for, whether such a set existed).
                 set_id, existed = cast(Tuple[int, bool], resp.payload)
                 info = self.rt.sets.pop(set_id, None)
+                self.rt.executor.forget_set(set_id)   # its NCCL communicators
                 if info is not None and info.transport is not None and info.transport is not self.rt.world:
                     info.transport.close()
                 self._complete(resp, [existed])

@@ -39,6 +39,8 @@ def _ctype(param: str, is_return: bool = False):
         return ctypes.c_void_p
     if base == "ncclUniqueId":
         return NcclUniqueId if not stars else ctypes.POINTER(NcclUniqueId)
+    if base == "ncclConfig_t" and stars == 1:
+        return ctypes.POINTER(nccl_lib.NcclConfig)
     return param.strip()   # a type horovod does not pass (ncclConfig_t ...): compared as text
 
 
