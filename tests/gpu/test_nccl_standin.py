@@ -72,6 +72,11 @@ def _collectives_job():
     hvd.grouped_allreduce([np.ones(2, np.float32), np.ones(3, np.float32), np.ones(4, np.float32)], name="h",
                           op=hvd.Sum)
     staging = [c for c in backend.calls if c[0] in ("copy", "copy_many")][len(before):]
+    inplace = np.ones(6, np.float32)
+    mark = len(backend.calls)
+    hvd.allreduce_(inplace, name="inplace", op=hvd.Sum)
+    check("in place", inplace, np.full(6, size))
+    kept_inplace = backend.calls[mark:].count(("keep_alive", inplace.ctypes.data))
     rows = np.arange((rank + 1) * 2, dtype=np.int64).reshape(rank + 1, 2) + 10 * rank
     check("ragged allgather", hvd.allgather(rows, name="ag"),
           np.concatenate([np.arange((r + 1) * 2).reshape(r + 1, 2) + 10 * r for r in range(size)]))
@@ -99,8 +104,10 @@ def _collectives_job():
     check("grouped reducescatter 0", got[0], np.full(2, size))
     check("grouped reducescatter 1", got[1], np.full((1, 3), size))
     hvd.remove_process_set(solo)
+    check("after removal", hvd.allreduce(np.ones(11, np.float32), name="after.removal", op=hvd.Sum), np.full(11, size))
     hvd.shutdown()
-    return {"wrong": wrong, "mode": mode, "calls": backend.calls, "staging": staging, "rs_pointer": rs_pointer}
+    return {"wrong": wrong, "mode": mode, "calls": backend.calls, "staging": staging, "rs_pointer": rs_pointer,
+            "kept_inplace": kept_inplace}
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +157,29 @@ def test_fusion_staging_is_one_batched_copy_each_way(collectives_run):
     assert results[0]["staging"] == [("copy_many", 3), ("copy_many", 3)], results[0]["staging"]
 
 
+def test_one_record_stream_per_tensor(collectives_run):
+    """Host cost: an in-place allreduce announces its tensor to the allocator once (it was twice)."""
+    _, results = collectives_run
+    assert [r["kept_inplace"] for r in results] == [1, 1]
+
+
+def test_fusion_buffer_doubles_up_to_the_threshold_then_shrinks():
+    """Item 10: the device fusion buffer doubles only up to HOROVOD_FUSION_THRESHOLD (beyond: what is needed),
+    and a long run of small needs gives a large buffer back."""
+    from types import SimpleNamespace
+
+    from horovod.engine.device_executor import DeviceExecutor, DeviceOptions
+
+    backend = emulated_device.NcclHostBackend()
+    executor = DeviceExecutor(SimpleNamespace(rank=0), DeviceOptions(fusion_cap=1024))
+    sizes = [executor.fusion_buffer(backend, 0, 0, n, None).nbytes for n in (600, 700, 1100)]
+    assert sizes == [600, 1024, 1100], sizes
+    assert executor.fusion_buffer(backend, 0, 0, 8 << 20, None).nbytes == 8 << 20
+    for _ in range(1100):
+        small = executor.fusion_buffer(backend, 0, 0, 10, None)
+    assert small.nbytes < 8 << 20, small.nbytes
+
+
 def test_a_single_reducescatter_is_not_staged(collectives_run):
     """Item 10: one tensor's reducescatter sends from the tensor itself."""
     folder, results = collectives_run
@@ -167,8 +197,8 @@ def test_removing_a_set_frees_its_communicators(collectives_run):
     freed = [(w[0], w[2]) for w in words if len(w) > 2 and w[0] in solo and w[2] in ("destroy", "abort")]
     assert len(solo) == 2 and sorted(freed) == sorted((c, "destroy") for c in solo), (solo, freed)
     last_free = max(i for i, w in enumerate(words) if len(w) > 2 and w[0] in solo and w[2] == "destroy")
-    world_freed = [i for i, w in enumerate(words) if len(w) > 2 and w[0] not in solo and w[2] in ("destroy", "abort")]
-    assert world_freed and last_free < min(world_freed), "freed at removal, not at shutdown"
+    after = [i for i, w in enumerate(words) if len(w) > 3 and w[2] == "ncclAllReduce" and w[3] == "count=11"]
+    assert after and last_free < after[0], "freed at removal, before the next collective (not at shutdown)"
 
 
 def _old_nccl_job():
