@@ -193,6 +193,12 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("SKIPPED: no CUDA device here (--device cpu runs the same comparison on the CPU, on Gloo)")
+            return 0
     runs = [run_job(args, int(n)) for n in args.np.split(",")]
     device = "cpu"
     if args.device == "cuda":
