@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import time
 from typing import Iterator, Optional
 
 from horovod.transport.nccl_lib import IN_PROGRESS, SUCCESS, NcclError, NcclLibrary, NcclUniqueId, nonblocking_config
+
+logger = logging.getLogger(__name__)
+INVALID_ARGUMENT = 4
 
 # ncclDataType_t by engine dtype name.  int16/uint16 have no NCCL type: reductions on them are host-staged,
 # and data movement (allgather, broadcast, alltoall) moves any dtype as bytes.
@@ -74,15 +78,22 @@ class NcclComm:
         self.lib, self.size, self.rank, self.timeout = lib, size, rank, timeout
         handle = ctypes.c_void_p()
         self.nonblocking = timeout is not None and lib.has_config
+        self.handle: Optional[int] = None
         if self.nonblocking:
             config = nonblocking_config()
             code = lib.ncclCommInitRankConfig(ctypes.byref(handle), size, _id_struct(uid), rank, ctypes.byref(config))
-            self.handle: Optional[int] = handle.value
-            if code not in (SUCCESS, IN_PROGRESS):
+            self.handle = handle.value
+            if code == INVALID_ARGUMENT and not self.handle:
+                # A library that refuses this config layout: create the communicator the blocking way instead.
+                logger.warning("horovod: %s refused a non-blocking NCCL communicator (%s); creating it blocking",
+                               lib.path, lib.last_error() or lib.error_string(code))
+                self.nonblocking = False
+            elif code not in (SUCCESS, IN_PROGRESS):
                 self.abort()
                 lib.check("ncclCommInitRankConfig", code)
-            self._settle("ncclCommInitRankConfig", "creating the communicator")
-        else:
+            else:
+                self._settle("ncclCommInitRankConfig", "creating the communicator")
+        if not self.nonblocking:
             lib.check("ncclCommInitRank", lib.ncclCommInitRank(ctypes.byref(handle), size, _id_struct(uid), rank))
             self.handle = handle.value
 
@@ -164,7 +175,15 @@ class NcclComm:
             self.lib.ncclCommAbort(handle)
 
     def destroy(self) -> None:
-        """Free the communicator after its work completed (orderly shutdown)."""
+        """Free the communicator after its work completed (orderly shutdown).  A non-blocking one is finalized
+        first and polled (its flush may take a moment; a peer gone meanwhile makes it an abort)."""
+        if self.handle is None:
+            return
+        if self.nonblocking and hasattr(self.lib, "ncclCommFinalize"):
+            try:
+                self._check("ncclCommFinalize", self.lib.ncclCommFinalize(self.handle))
+            except NcclError:
+                self.abort()
+                return
         handle, self.handle = self.handle, None
-        if handle is not None:
-            self.lib.ncclCommDestroy(handle)
+        self.lib.ncclCommDestroy(handle)

@@ -89,6 +89,7 @@ SIGNATURES: Dict[str, Tuple[object, Tuple[object, ...]]] = {
 OPTIONAL_SIGNATURES: Dict[str, Tuple[object, Tuple[object, ...]]] = {
     "ncclGetLastError": (ctypes.c_char_p, (_p,)),
     "ncclCommInitRankConfig": (_result, (ctypes.POINTER(_p), _int, NcclUniqueId, _int, ctypes.POINTER(NcclConfig))),
+    "ncclCommFinalize": (_result, (_p,)),
 }
 
 # Names the system loader is asked for when neither an explicit path nor the wheel gives one.
