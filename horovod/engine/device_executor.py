@@ -174,9 +174,7 @@ class DeviceExecutor:
         for entry in entries:
             if entry is not None and all(h is not entry.handle for h in handles):
                 handles.append(entry.handle)
-        what = (f"{ops.KIND_NAMES.get(resp.kind, resp.kind)} of {', '.join(resp.names[:3])}"
-                f"{' ...' if len(resp.names) > 3 else ''} (process set {resp.process_set}, {resp.dtype})")
-        item = Pending(done, backend, what, handles, comms, time.monotonic())
+        item = Pending(done, backend, lambda: _describe(resp), handles, comms, time.monotonic())
         for handle in handles:
             settled = handle.settled
             if not isinstance(settled, Settled):
@@ -424,6 +422,12 @@ class DeviceExecutor:
             target = backend.empty(array.shape, dtype, device, stream)
         backend.to_device(target, array, stream)   # the backend copies from contiguous host memory
         return target
+
+
+def _describe(resp: Response) -> str:
+    """A response for messages: ``ALLREDUCE of allreduce.x, ... (process set 0, float32)``."""
+    return (f"{ops.KIND_NAMES.get(resp.kind, resp.kind)} of {', '.join(resp.names[:3])}"
+            f"{' ...' if len(resp.names) > 3 else ''} (process set {resp.process_set}, {resp.dtype})")
 
 
 # The fusion buffer is checked for shrinking every this many uses, and never shrunk below this many bytes.

@@ -31,11 +31,15 @@ class Pending:
 
     event: Any
     backend: Any
-    what: str
+    describe: Callable[[], str]   # what it was (made only when a message needs it: not on the hot path)
     handles: List[Any]
     comms: Sequence[Any]
     since: float
     finished: bool = False   # the watchdog saw the event complete (and released it)
+
+    @property
+    def what(self) -> str:
+        return self.describe()
 
 
 class Settled:
