@@ -219,9 +219,14 @@ class DeviceExecutor:
         if notify is not None:
             notify(error)
 
-    def close(self, abort: bool = True, timeout: float = 30.0) -> None:
+    def close(self, abort: bool = True, timeout: float = 30.0) -> Optional[TransportError]:
         """Free the communicators: aborted after a failure (kernels waiting for a dead peer end); after an orderly
-        shutdown destroyed once the engine's streams finished (aborted if they have not within ``timeout``)."""
+        shutdown destroyed once the engine's streams finished (aborted if they have not within ``timeout``).
+
+        Returns:
+            The device plane's failure, also when aborting lost GPU work still pending (elastic ``commit()`` must
+            not save state computed from it); ``None`` when nothing was lost.
+        """
         if not abort and self.watchdog.failure is None:
             try:
                 self.watchdog.settle(timeout)
@@ -229,6 +234,8 @@ class DeviceExecutor:
                 abort = True
         elif self.watchdog.failure is not None:
             abort = True
+        if abort:
+            self.watchdog.abandon(f"the engine of rank {self.host.rank} ended after a failure")
         self.watchdog.stop()
         for comm in [c for plane in self._planes.values() for c in plane.comms] + self._retired:
             try:
@@ -237,6 +244,7 @@ class DeviceExecutor:
                 logger.debug("freeing an NCCL communicator failed", exc_info=True)
         self._retired = []
         self._planes.clear()
+        return self.watchdog.failure
 
     def mode(self, set_id: int) -> Optional[str]:
         plane = self._planes.get(set_id)

@@ -113,6 +113,23 @@ class Watchdog:
         if self.failure is not None:
             raise self.failure
 
+    def abandon(self, why: str) -> Optional[TransportError]:
+        """The engine ends and its communicators are aborted: work still pending is lost.  Fail its handles (and
+        the plane, so ``settle`` raises) with ``why``; returns the plane's failure (``None``: nothing was lost)."""
+        with self._cond:
+            pending = list(self._pending)
+            self._pending.clear()
+            if pending and self.failure is None:
+                self.failure = TransportError(
+                    f"{why}; {len(pending)} GPU collective(s) were still pending, the first {pending[0].what}, and "
+                    f"were aborted: their results are not valid")
+            failure = self.failure
+            self._cond.notify_all()
+        for item in pending:
+            for handle in item.handles:
+                handle.fail(PeerFailureError(str(failure)))
+        return failure
+
     def stop(self) -> None:
         with self._cond:
             self._stopped = True

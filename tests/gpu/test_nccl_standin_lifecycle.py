@@ -74,3 +74,40 @@ def test_a_new_engine_rebuilds_its_communicators(tmp_path):
     made = [w[0] for w in words if len(w) > 2 and w[2] == "init"]
     freed = [w[0] for w in words if len(w) > 2 and w[2] in ("destroy", "abort")]
     assert len(set(made)) == 2 and sorted(made) == sorted(freed), (made, freed)
+
+
+def _lost_work_job():
+    import signal
+    import time
+
+    import horovod.numpy as hvd
+    from horovod.common.elastic import ObjectState
+    from horovod.engine import state as engine_state
+
+    emulated_device.install_nccl(hvd, os.environ["HOROVOD_NCCL_SO_PATH"])
+    hvd.init()
+    hvd.allreduce(np.ones(4, np.float32), name="warm", op=hvd.Sum)
+    hvd.allreduce(np.ones(4, np.float32), name="stuck", op=hvd.Sum)   # rank 0's GPU never finishes it
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    runtime = engine_state.current
+    deadline = time.monotonic() + 120
+    while runtime._dead is None and time.monotonic() < deadline:   # the peer's death ends this engine
+        time.sleep(0.05)
+    try:
+        ObjectState(hvd.broadcast_object, hvd.rank, epoch=1).commit()
+        return "committed"
+    except Exception as exc:  # noqa: BLE001  (the test reads the type and text)
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_commit_refuses_state_from_gpu_work_an_engine_failure_aborted(tmp_path):
+    """Item 4: the engine ended (a peer died) while rank 0's collective was still running on its GPU; the
+    communicators were aborted, so the result is partial: commit() must not save the state."""
+    env = standin.env(tmp_path, HOROVOD_GLOO_TIMEOUT_SECONDS="10", HOROVOD_GPU_OPERATION_TIMEOUT_SECONDS="600",
+                      STANDIN_NCCL_WAIT="2")
+    outcomes = run_ranks(_lost_work_job, 2, env=env, timeout=240, expect_failure=True,
+                         rank_env_overrides={0: {"STANDIN_NCCL_FAIL": "hang:2"}})
+    status, text = outcomes[0]
+    assert status == "ok", outcomes[0]
+    assert text.startswith("HorovodInternalError") and "were aborted" in text and "allreduce.stuck" in text, text
