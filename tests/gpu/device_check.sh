@@ -51,14 +51,14 @@ PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rA --timeout=240)
 # Every collective x dtype at np = 2 on NCCL (and np = 1), DistributedOptimizer at np = 2 against one process on the
 # whole batch, process sets on two streams, a killed peer, communicators rebuilt by a new engine; the ctypes
 # declarations against the wheel's nccl.h.
-step nccl-ranks 200 "${PYTEST[@]}" tests/gpu/test_gpu_nccl_ranks.py tests/gpu/test_nccl_library.py
-step collectives 160 "${PYTEST[@]}" tests/gpu/test_gpu_collectives.py \
+step nccl-ranks 160 "${PYTEST[@]}" tests/gpu/test_gpu_nccl_ranks.py tests/gpu/test_nccl_library.py
+step collectives 120 "${PYTEST[@]}" tests/gpu/test_gpu_collectives.py \
     -k "np2_on_nccl or np1_every or distributed_optimizer_matches or queries_tell"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     # horovod.torch against DDP on the same NCCL (LD_PRELOAD: torch's own NCCL is this library too).
-    step training 200 env ${HOROVOD_NCCL_SO_PATH:+LD_PRELOAD=$HOROVOD_NCCL_SO_PATH} "$PY" benchmarks/gpu_training.py \
-        --np 1,2 --models resnet,transformer --blocks 3 --block-steps 10 --calls 300 --timeout 180 \
+    step training 170 env ${HOROVOD_NCCL_SO_PATH:+LD_PRELOAD=$HOROVOD_NCCL_SO_PATH} "$PY" benchmarks/gpu_training.py \
+        --np 1,2 --models resnet,transformer --blocks 3 --block-steps 10 --calls 300 --timeout 80 \
         --json "$OUT/training.json"
 fi
 if [ "${FULL:-0}" = 1 ]; then
