@@ -30,6 +30,8 @@ FAST_TIER = (
     "tests/conformance/test_collective_conformance.py::test_allreduce_f32[tensorflow-tcp-np2]",
     "tests/conformance/test_collective_conformance.py::test_allreduce_f32[jax-tcp-np2]",
     "tests/conformance/test_collective_conformance.py::test_allreduce_f32[mxnet-tcp-np2]",
+    # the device executor's NCCL path, on the CPU through the stand-in NCCL (tests/gpu/standin_nccl)
+    "tests/conformance/test_collective_conformance.py::test_allreduce_f32[device-nccl-tcp-np2]",
     "tests/torch/test_torch_optimizer.py::test_distributed_optimizer_matches_single_process[2]",
     "tests/tensorflow/test_tensorflow_ops.py::test_one_rank",
     "tests/keras/test_keras.py::test_one_rank_fit_and_reload[keras3]",

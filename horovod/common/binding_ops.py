@@ -410,11 +410,15 @@ class HandleCollectives:
         dividing by the full set size).
 
         Args:
-            device: accepted for compatibility (joins are always coordinated on the host).
+            device: the GPU this rank's zeros live on while it takes part in GPU allreduces after joining (-1:
+                the caller's current device).  Joins themselves are coordinated on the host.
 
         Returns:
             The rank that joined last.
         """
+        from horovod.engine import device as devices
+
+        devices.note_join(device)
         return int(wait(collectives.join_async(attended=True)))
 
     def barrier(self, process_set: ProcessSet = global_process_set) -> None:

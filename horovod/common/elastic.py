@@ -21,6 +21,21 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 logger = logging.getLogger(__name__)
 
 
+def _settle_device_work() -> None:
+    """The GPU collectives the state was computed from must have completed, without error, before it is saved:
+    an aborted collective leaves partial sums behind (its failure rolls back to the last commit instead)."""
+    from horovod.engine import state as engine_state
+
+    runtime = engine_state.current
+    executor = getattr(runtime, "executor", None)
+    if executor is None:
+        return
+    try:
+        executor.settle_devices()
+    except RuntimeError as exc:   # the device plane failed: a TransportError
+        raise HorovodInternalError(f"commit(): a GPU collective failed, the state is not saved: {exc}") from exc
+
+
 class State:
     """Base of every elastic state.
 
@@ -50,6 +65,7 @@ class State:
 
     def commit(self) -> None:
         """Save the state in memory (the point a failure rolls back to), then check for host changes."""
+        _settle_device_work()
         self.save()
         self._commits += 1
         self.check_host_updates()

@@ -130,6 +130,11 @@ class Config:
     nccl_so_path: str = knob(
         "", "HOROVOD_NCCL_SO_PATH", "The NCCL library (or an NCCL-compatible one: RCCL, a vendor's) to load; "
         "empty: the nvidia-nccl wheel of this Python, then the system's libnccl.so.2.")
+    gpu_operation_timeout_seconds: float = knob(
+        600.0, "HOROVOD_GPU_OPERATION_TIMEOUT_SECONDS", "Seconds a GPU collective may take on the device after it "
+        "was enqueued; then (or at any asynchronous NCCL error) the engine dumps its flight recorder, aborts its NCCL "
+        "communicators and fails every pending collective with the reason (0: never).",
+        minimum=0, maximum=MAX_SECONDS)
     thread_affinity: str = knob(
         "", "HOROVOD_THREAD_AFFINITY", "Comma-separated core ids, one per local rank, for the background thread.",
         flag="--thread-affinity", config_key="library_options.thread_affinity",

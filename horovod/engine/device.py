@@ -13,8 +13,9 @@ the consumer's stream wait for ``done`` when the caller synchronizes.
 """
 from __future__ import annotations
 
+import contextlib
 from math import prod
-from typing import Any, Dict, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, ContextManager, Dict, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -33,7 +34,7 @@ class DeviceArray:
         done: the event recorded after the last collective that wrote or read it (set by the engine).
     """
 
-    __slots__ = ("owner", "shape", "dtype", "device", "backend", "ready", "done")
+    __slots__ = ("owner", "shape", "dtype", "device", "backend", "ready", "done", "allocated")
 
     def __init__(self, owner: Any, shape: Sequence[int], dtype: DTypeLike, device: int, backend: "DeviceBackend",
                  ready: Any = None):
@@ -44,6 +45,7 @@ class DeviceArray:
         self.backend = backend
         self.ready = ready
         self.done: Any = None
+        self.allocated = False   # made by the engine on its own stream (not the caller's memory)
 
     @property
     def ndim(self) -> int:
@@ -88,7 +90,9 @@ class DeviceBackend:
         """A string naming the physical device (its UUID): two ranks on one GPU have the same id."""
         raise NotImplementedError
 
-    def new_stream(self, device: int) -> Any:
+    def new_stream(self, device: int, high_priority: bool = False) -> Any:
+        """A new stream; ``high_priority``: the device's greatest priority (the engine's streams: communication
+        must not wait behind compute)."""
         raise NotImplementedError
 
     def stream_handle(self, stream: Any) -> int:
@@ -102,6 +106,10 @@ class DeviceBackend:
         """Make ``stream`` wait for ``event`` (no host wait)."""
         raise NotImplementedError
 
+    def release(self, event: Any) -> None:
+        """``event`` will not be waited on or queried by the engine again: a backend may record it anew (an event
+        pool).  A stream that waited on it keeps waiting for the point it was recorded at."""
+
     def query(self, event: Any) -> bool:
         """Whether the work before ``event`` has completed (no wait)."""
         raise NotImplementedError
@@ -109,6 +117,11 @@ class DeviceBackend:
     def synchronize(self, stream: Any) -> None:
         """Wait on the host until ``stream``'s work is done (host-staged path only)."""
         raise NotImplementedError
+
+    def on_stream(self, stream: Any) -> ContextManager[Any]:
+        """A scope in which work goes to ``stream`` (entered once per response, so that the methods below need not
+        switch streams each)."""
+        return contextlib.nullcontext()
 
     # -- memory -------------------------------------------------------------------------------------------
     def empty(self, shape: Sequence[int], dtype: str, device: int, stream: Any) -> DeviceArray:
@@ -129,6 +142,12 @@ class DeviceBackend:
     def copy(self, dst: DeviceArray, src: DeviceArray, stream: Any) -> None:
         """Device-to-device copy of ``src``'s elements into ``dst`` (same element count and dtype)."""
         raise NotImplementedError
+
+    def copy_many(self, dsts: Sequence[DeviceArray], srcs: Sequence[DeviceArray], stream: Any) -> None:
+        """:meth:`copy` of each pair, batched where the framework can (fusion staging: one launch, not one per
+        tensor)."""
+        for dst, src in zip(dsts, srcs):
+            self.copy(dst, src, stream)
 
     def fill_zero(self, array: DeviceArray, stream: Any) -> None:
         raise NotImplementedError
@@ -175,6 +194,24 @@ def registered() -> Tuple[DeviceBackend, ...]:
 def default_backend() -> Optional[DeviceBackend]:
     """The backend a rank without device tensors of its own uses (a joined rank taking part with zeros)."""
     return next(iter(_backends.values()), None)
+
+
+_join_device: Optional[int] = None
+
+
+def note_join(device: int = -1) -> None:
+    """Remember the device a joined rank's zeros live on (``hvd.join(device=...)``; -1: the caller's current
+    device, read on the caller's thread, not the engine's)."""
+    global _join_device
+    if device < 0:
+        backend = default_backend()
+        device = backend.current_device() if backend is not None else -1
+    _join_device = device if device >= 0 else None
+
+
+def join_device() -> Optional[int]:
+    """The device :func:`note_join` remembered, else ``None``."""
+    return _join_device
 
 
 def is_device(array: Any) -> bool:

@@ -26,10 +26,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from horovod.engine import config as knobs
 from horovod.engine import device as devices
 from horovod.engine import ops
 from horovod.engine.device import DeviceArray, DeviceBackend
 from horovod.engine.device_nccl import NcclRun, mark_done
+from horovod.engine.device_watchdog import Pending, Settled, Watchdog
 from horovod.engine.handles import DeviceEntry, Entry, HostEntry
 from horovod.engine.messages import Response
 from horovod.transport import nccl
@@ -50,13 +52,19 @@ class DeviceOptions:
     nccl_path: str = ""             # HOROVOD_NCCL_SO_PATH
     streams: int = 1                # HOROVOD_NUM_NCCL_STREAMS
     multi_rank_gpu: bool = False    # NCCL_MULTI_RANK_GPU_ENABLE
+    operation_timeout: float = 600.0   # HOROVOD_GPU_OPERATION_TIMEOUT_SECONDS (the watchdog)
+    init_timeout: float = 30.0      # HOROVOD_GLOO_TIMEOUT_SECONDS: creating and connecting communicators
+    fusion_cap: int = 128 << 20     # HOROVOD_FUSION_THRESHOLD: the device fusion buffer doubles up to this
 
     @classmethod
     def from_config(cls, config: Any) -> "DeviceOptions":
         return cls(str(getattr(config, "gpu_operations", "") or "").upper(),
                    str(getattr(config, "nccl_so_path", "") or ""),
                    max(1, int(getattr(config, "num_nccl_streams", 1) or 1)),
-                   bool(getattr(config, "nccl_multi_rank_gpu", False)))
+                   bool(getattr(config, "nccl_multi_rank_gpu", False)),
+                   float(getattr(config, "gpu_operation_timeout_seconds", 600.0)),
+                   float(getattr(config, "gloo_timeout_seconds", 30) or 30),
+                   int(getattr(config, "fusion_threshold", 128 << 20) or (64 << 20)))
 
 
 @dataclasses.dataclass
@@ -66,6 +74,9 @@ class SetPlane:
     mode: str
     reason: str = ""
     comms: List[nccl.NcclComm] = dataclasses.field(default_factory=list)
+    # Which communicator the set's next collective takes: per set, so that every member of the set picks the same
+    # one for the same response (one counter per executor, bumped by other sets' responses, made members differ).
+    turn: int = 0
 
 
 def _identity(host: str, device_id: str) -> int:
@@ -106,59 +117,134 @@ class DeviceExecutor:
         self.host = host
         self.options = options
         self._planes: Dict[int, SetPlane] = {}
+        self._retired: List[nccl.NcclComm] = []   # removed sets' communicators, destroyed once their work is done
         self._lib: Optional[NcclLibrary] = None
         self._lib_error = ""
         self._streams: Dict[Tuple[int, int], Any] = {}
         self._fusion: Dict[Tuple[int, int], DeviceArray] = {}
+        self._fusion_need: Dict[Tuple[int, int], Tuple[int, int]] = {}   # (largest need, uses) since last check
         self._pinned = np.empty(0, np.uint8)
-        self._turn = 0
+        self._implicit_order = False
+        self._last: Optional[Tuple[int, Any]] = None   # (stream index, done event) of the last NCCL collective
+        self.watchdog = Watchdog(options.operation_timeout, self._abort_all, self._failed,
+                                 int(getattr(host, "rank", 0)))
 
     # -- entry point ------------------------------------------------------------------------------------
     def execute(self, resp: Response, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
+        if self.watchdog.failure is not None:
+            raise self.watchdog.failure
+        if self._retired:
+            self._reap()
         backend, device = self._backend_of(entries)
         backend.set_device(device)
         plane = self._plane(resp.process_set, backend, device)
         if plane.mode == HOST or not self._nccl_can_run(resp):
             return self._staged(resp, entries, backend, device)
-        index = self._turn % len(plane.comms)
-        self._turn += 1
+        index = plane.turn % len(plane.comms)
+        plane.turn += 1
         comm = plane.comms[index]
         stream = self._stream(backend, device, index)
+        last = self._last
+        if last is not None and last[0] != index and not self._implicit_order:
+            # Kernels of several communicators on several streams must launch in one order on every rank (NCCL
+            # before 2.26, or without NCCL_LAUNCH_ORDER_IMPLICIT=1): this stream waits for the previous collective.
+            backend.wait(stream, last[1])
         for entry in entries:
             if entry is not None and entry.tensor is not None and entry.tensor.ready is not None:
                 backend.wait(stream, entry.tensor.ready)
+                backend.release(entry.tensor.ready)   # the wait captured it: the event may be recorded anew
+                entry.tensor.ready = None
         run = NcclRun(self, backend, device, stream, index, comm, resp)
         try:
             results = run.execute(entries)
         except NcclError as exc:
-            raise TransportError(f"NCCL {ops.KIND_NAMES.get(resp.kind, resp.kind)} of {resp.names[:3]} failed: "
-                                 f"{exc}") from exc
-        error = comm.async_error()
-        if error is not None:
-            raise TransportError(f"NCCL reported an asynchronous failure: {error}; a peer may have died")
-        run.finish(entries, results)
+            raise TransportError(f"NCCL {ops.KIND_NAMES.get(resp.kind, resp.kind)} of {resp.names[:3]} failed on "
+                                 f"rank {self.host.rank}: {exc}") from exc
+        done = backend.record(stream)
+        mark_done(entries, results, done)
+        if len(plane.comms) > 1:
+            self._last = (index, done)
+        self._track(resp, entries, done, backend, [comm])
         return results
 
-    def close(self, abort: bool = True, timeout: float = 30.0) -> None:
+    def _track(self, resp: Response, entries: Sequence[Optional[DeviceEntry]], done: Any, backend: DeviceBackend,
+               comms: Sequence[nccl.NcclComm]) -> None:
+        """Hand the response's GPU work to the watchdog and let its handles' ``poll`` ask for the event."""
+        handles: List[Any] = []
+        for entry in entries:
+            if entry is not None and all(h is not entry.handle for h in handles):
+                handles.append(entry.handle)
+        item = Pending(done, backend, lambda: _describe(resp), handles, comms, time.monotonic())
+        for handle in handles:
+            settled = handle.settled
+            if not isinstance(settled, Settled):
+                settled = handle.settled = Settled()
+            settled.items.append(item)
+        self.watchdog.track(item)
+
+    def settle(self, timeout: Optional[float] = None) -> None:
+        """Block until the GPU work enqueued so far completed (elastic ``commit()``: never save state computed by a
+        collective that failed on the GPU).
+
+        Raises:
+            TransportError: the watchdog failed (a collective timed out or NCCL reported an error).
+        """
+        self.watchdog.settle(timeout)
+
+    def forget_set(self, set_id: int) -> None:
+        """A removed process set: its communicators are destroyed once the GPU finished their work."""
+        plane = self._planes.pop(set_id, None)
+        if plane is not None and plane.comms:
+            self._retired.extend(plane.comms)
+            plane.comms = []
+            self._reap()
+
+    def _reap(self) -> None:
+        idle = [c for c in self._retired if not self.watchdog.busy([c])]
+        self._retired = [c for c in self._retired if self.watchdog.busy([c])]
+        for comm in idle:
+            try:
+                comm.destroy()
+            except Exception:  # noqa: BLE001  (freeing must not fail the next collective)
+                logger.debug("destroying a removed set's NCCL communicator failed", exc_info=True)
+
+    def _abort_all(self) -> None:
+        for comm in [c for plane in list(self._planes.values()) for c in plane.comms] + list(self._retired):
+            comm.abort()
+
+    def _failed(self, error: BaseException) -> None:
+        """The watchdog failed: tell the engine (its hook, when it set one) so it fails at once, not at the next
+        GPU collective."""
+        notify = getattr(self.host, "on_device_failure", None)
+        if notify is not None:
+            notify(error)
+
+    def close(self, abort: bool = True, timeout: float = 30.0) -> Optional[TransportError]:
         """Free the communicators: aborted after a failure (kernels waiting for a dead peer end); after an orderly
-        shutdown destroyed once the engine's streams finished (aborted if they have not within ``timeout``)."""
-        backend = devices.default_backend() if not abort and self._streams else None
-        if backend is not None:
-            deadline = time.monotonic() + timeout
-            pending = [backend.record(s) for s in self._streams.values()]
-            while pending and time.monotonic() < deadline:
-                pending = [e for e in pending if not backend.query(e)]
-                if pending:
-                    time.sleep(0.001)
-            abort = bool(pending)
-        for plane in self._planes.values():
-            for comm in plane.comms:
-                try:
-                    comm.abort() if abort else comm.destroy()
-                except Exception:   # teardown must not mask the error that caused it
-                    logger.debug("freeing an NCCL communicator failed", exc_info=True)
-            plane.comms.clear()
+        shutdown destroyed once the engine's streams finished (aborted if they have not within ``timeout``).
+
+        Returns:
+            The device plane's failure, also when aborting lost GPU work still pending (elastic ``commit()`` must
+            not save state computed from it); ``None`` when nothing was lost.
+        """
+        if not abort and self.watchdog.failure is None:
+            try:
+                self.watchdog.settle(timeout)
+            except (TransportError, TimeoutError):
+                abort = True
+        elif self.watchdog.failure is not None:
+            abort = True
+        if abort:
+            self.watchdog.abandon(f"the engine of rank {self.host.rank} ended after a failure")
+        self.watchdog.stop()
+        for comm in [c for plane in self._planes.values() for c in plane.comms] + self._retired:
+            try:
+                comm.abort() if abort else comm.destroy()
+            except Exception:   # teardown must not mask the error that caused it
+                logger.debug("freeing an NCCL communicator failed", exc_info=True)
+        self._retired = []
         self._planes.clear()
+        return self.watchdog.failure
 
     def mode(self, set_id: int) -> Optional[str]:
         plane = self._planes.get(set_id)
@@ -174,7 +260,8 @@ class DeviceExecutor:
         if backend is None:
             raise RuntimeError("a GPU collective reached a rank with no device framework imported; import the "
                                "same binding (e.g. horovod.torch) on every rank")
-        return backend, backend.current_device()
+        device = devices.join_device()   # hvd.join(device=...), or the device current on the joining thread
+        return backend, backend.current_device() if device is None else device
 
     def _library(self) -> Optional[NcclLibrary]:
         if self._lib is None and not self._lib_error:
@@ -206,7 +293,7 @@ class DeviceExecutor:
                 logger.warning("horovod: GPU collectives of process set %d are staged through host memory: %s.",
                                set_id, reason)
         else:
-            plane.comms = self._communicators(self._loaded(), transport)
+            plane.comms = self._communicators(self._loaded(), transport, set_id)
         self._planes[set_id] = plane
         return plane
 
@@ -217,16 +304,38 @@ class DeviceExecutor:
                                f"({self._lib_error or 'never tried'}); an engine defect, please report")
         return self._lib
 
-    def _communicators(self, lib: NcclLibrary, transport) -> List[nccl.NcclComm]:
-        """One communicator per engine stream; set rank 0 makes the ids and broadcasts them."""
+    def _launch_order(self, lib: NcclLibrary) -> None:
+        """Several streams: let NCCL (2.26+) order the communicators' kernels by issue order, unless the user
+        decided; otherwise the executor makes each stream wait for the previous collective (see execute)."""
+        if self.options.streams < 2 or not lib.implicit_order:
+            return
+        chosen = knobs.environ().get("NCCL_LAUNCH_ORDER_IMPLICIT")
+        if chosen is None:
+            knobs.set_environ("NCCL_LAUNCH_ORDER_IMPLICIT", "1")   # read by NCCL when it creates a communicator
+            chosen = "1"
+        self._implicit_order = chosen.strip() not in ("", "0")
+
+    def _communicators(self, lib: NcclLibrary, transport, set_id: int) -> List[nccl.NcclComm]:
+        """One communicator per engine stream; set rank 0 makes the ids and broadcasts them.  Created non-blocking
+        where NCCL can (2.17+), polled against the liveness timeout: a frozen member fails the job, not hangs it."""
         self._mark("INIT_NCCL", True)
+        self._launch_order(lib)
         ids = np.zeros(128 * self.options.streams, dtype=np.uint8)
         if transport.rank == 0:
             ids[:] = np.frombuffer(b"".join(nccl.unique_id(lib) for _ in range(self.options.streams)), np.uint8)
         transport.broadcast(ids, 0)
-        comms = [nccl.NcclComm(lib, ids[128 * i:128 * (i + 1)].tobytes(), transport.size, transport.rank)
-                 for i in range(self.options.streams)]
-        self._mark("INIT_NCCL", False)
+        comms: List[nccl.NcclComm] = []
+        try:
+            for i in range(self.options.streams):
+                comms.append(nccl.NcclComm(lib, ids[128 * i:128 * (i + 1)].tobytes(), transport.size,
+                                           transport.rank, self.options.init_timeout))
+        except NcclError as exc:
+            for comm in comms:
+                comm.abort()
+            raise TransportError(f"creating the NCCL communicators of process set {set_id} failed on rank "
+                                 f"{self.host.rank}: {exc}") from exc
+        finally:
+            self._mark("INIT_NCCL", False)
         return comms
 
     def _mark(self, activity: str, begin: bool) -> None:
@@ -242,17 +351,28 @@ class DeviceExecutor:
 
     def _stream(self, backend: DeviceBackend, device: int, index: int) -> Any:
         stream = self._streams.get((device, index))
-        if stream is None:
-            stream = self._streams[(device, index)] = backend.new_stream(device)
+        if stream is None:   # the greatest priority: communication must not wait behind compute
+            stream = self._streams[(device, index)] = backend.new_stream(device, high_priority=True)
         return stream
 
     def fusion_buffer(self, backend: DeviceBackend, device: int, index: int, nbytes: int,
                       stream: Any) -> DeviceArray:
-        """The reusable device fusion buffer of one stream (grown on demand; used on that stream only)."""
-        buf = self._fusion.get((device, index))
+        """The reusable device fusion buffer of one stream, used on that stream only: doubled on demand up to the
+        fusion threshold (exactly what is needed beyond), and shrunk when a long run of uses needed far less."""
+        key = (device, index)
+        buf = self._fusion.get(key)
+        need, uses = self._fusion_need.get(key, (0, 0))
+        need, uses = max(need, nbytes), uses + 1
+        if buf is not None and uses >= _SHRINK_EVERY:
+            if buf.nbytes > max(4 * need, _SHRINK_FLOOR):
+                buf = None   # allocated on this stream: the allocator reuses it once the stream is past it
+                del self._fusion[key]
+            need, uses = nbytes, 0
+        self._fusion_need[key] = (need, uses)
         if buf is None or buf.nbytes < nbytes:
-            grown = max(nbytes, 2 * buf.nbytes if buf is not None else 0)
-            buf = self._fusion[(device, index)] = backend.empty((grown,), "uint8", device, stream)
+            doubled = 2 * buf.nbytes if buf is not None else 0
+            grown = max(nbytes, min(doubled, self.options.fusion_cap))
+            buf = self._fusion[key] = backend.empty((grown,), "uint8", device, stream)
         return buf
 
     # -- HOST mode ----------------------------------------------------------------------------------------
@@ -262,6 +382,9 @@ class DeviceExecutor:
         stream = self._stream(backend, device, 0)
         total = sum(e.tensor.nbytes for e in entries if e is not None and e.tensor is not None)
         if self._pinned.nbytes < total:
+            # The previous response's copies back to the device may still read the old buffer: let them finish
+            # before it is freed.
+            backend.synchronize(stream)
             self._pinned = backend.pinned(max(total, 2 * self._pinned.nbytes))
         host_entries: List[Optional[HostEntry]] = []
         offset = 0
@@ -292,8 +415,12 @@ class DeviceExecutor:
             else:   # the host executor's results are host arrays (tuples only for alltoall)
                 target = entry.output if isinstance(entry.output, DeviceArray) else None
                 out.append(self._upload(cast(np.ndarray, result), target, resp.dtype, backend, device, stream))
+        for entry in entries:   # the inputs were read before the host waited; outputs given by the caller are
+            if entry is not None and isinstance(entry.output, DeviceArray):   # written by this stream
+                backend.keep_alive(entry.output, stream)
         done = backend.record(stream)
-        mark_done(entries, out, done, backend, stream)
+        mark_done(entries, out, done)
+        self._track(resp, entries, done, backend, ())
         return out
 
     @staticmethod
@@ -303,3 +430,14 @@ class DeviceExecutor:
             target = backend.empty(array.shape, dtype, device, stream)
         backend.to_device(target, array, stream)   # the backend copies from contiguous host memory
         return target
+
+
+def _describe(resp: Response) -> str:
+    """A response for messages: ``ALLREDUCE of allreduce.x, ... (process set 0, float32)``."""
+    return (f"{ops.KIND_NAMES.get(resp.kind, resp.kind)} of {', '.join(resp.names[:3])}"
+            f"{' ...' if len(resp.names) > 3 else ''} (process set {resp.process_set}, {resp.dtype})")
+
+
+# The fusion buffer is checked for shrinking every this many uses, and never shrunk below this many bytes.
+_SHRINK_EVERY = 512
+_SHRINK_FLOOR = 4 << 20

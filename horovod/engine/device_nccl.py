@@ -8,7 +8,7 @@ bytes, so every dtype moves: ragged allgathers are grouped ``ncclBroadcast``s in
 from __future__ import annotations
 
 from math import prod
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -19,19 +19,28 @@ from horovod.engine.messages import Response
 from horovod.transport import nccl
 
 
-def mark_done(entries: Sequence[Optional[DeviceEntry]], results: Sequence[object], done: Any,
-               backend: DeviceBackend, stream: Any) -> None:
-    """Attach the completion event to every array the collective touched, and keep their memory alive until the
-    engine's stream is past it."""
+def mark_done(entries: Sequence[Optional[DeviceEntry]], results: Sequence[object], done: Any) -> None:
+    """Attach the completion event to every array the collective touched (the consumer's stream waits for it)."""
     for entry in entries:
         if entry is not None and isinstance(entry.tensor, DeviceArray):
             entry.tensor.done = done
-            backend.keep_alive(entry.tensor, stream)
     for result in results:
         array = result[0] if isinstance(result, tuple) else result
         if isinstance(array, DeviceArray):
             array.done = done
-            backend.keep_alive(array, stream)
+
+
+def keep_alive_once(entries: Sequence[Optional[DeviceEntry]], backend: DeviceBackend, stream: Any) -> None:
+    """Tell the allocator, before anything is enqueued, that the engine's stream uses the caller's memory: a failure
+    half-way through a group must not let the memory be handed out while kernels may still use it.  Once per
+    tensor; what the engine allocates on its own stream needs nothing."""
+    for entry in entries:
+        if entry is None:
+            continue
+        if entry.tensor is not None:
+            backend.keep_alive(entry.tensor, stream)
+        if entry.output is not None and entry.output is not entry.tensor:
+            backend.keep_alive(entry.output, stream)
 
 
 class NcclRun:
@@ -45,6 +54,11 @@ class NcclRun:
         self.set_size = len(owner.host.set_ranks[resp.process_set])
 
     def execute(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
+        keep_alive_once(entries, self.backend, self.stream)
+        with self.backend.on_stream(self.stream):
+            return self._execute(entries)
+
+    def _execute(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
         kind = self.resp.kind
         if kind == ops.ALLREDUCE:
             return self._allreduce(entries)
@@ -58,9 +72,6 @@ class NcclRun:
             return self._reducescatter(entries)
         raise ValueError(f"no device implementation of response kind {kind}")
 
-    def finish(self, entries: Sequence[Optional[DeviceEntry]], results: List[object]) -> None:
-        mark_done(entries, results, self.backend.record(self.stream), self.backend, self.stream)
-
     # -- helpers --------------------------------------------------------------------------------------
     def _empty(self, shape: Sequence[int], dtype: str) -> DeviceArray:
         return self.backend.empty(tuple(shape), dtype, self.device, self.stream)
@@ -73,11 +84,30 @@ class NcclRun:
     def _piece(self, buf: DeviceArray, start: int, count: int) -> DeviceArray:
         return self.backend.slice(buf, start, count, self.resp.dtype)
 
-    def _stage_in(self, entry: Optional[DeviceEntry], dst: DeviceArray) -> None:
-        if entry is None or entry.tensor is None:
-            self.backend.fill_zero(dst, self.stream)
-        else:
-            self.backend.copy(dst, entry.tensor, self.stream)
+    def _pieces(self, buf: DeviceArray, counts: Sequence[int]) -> List[DeviceArray]:
+        out, offset = [], 0
+        for n in counts:
+            out.append(self._piece(buf, offset, n))
+            offset += n
+        return out
+
+    def _stage_in(self, entries: Sequence[Optional[DeviceEntry]], pieces: Sequence[DeviceArray]) -> None:
+        """Every tensor into its piece of the fusion buffer in one batched copy (zeros for a joined rank)."""
+        dsts, srcs = [], []
+        for entry, piece in zip(entries, pieces):
+            if entry is None or entry.tensor is None:
+                self.backend.fill_zero(piece, self.stream)
+            else:
+                dsts.append(piece)
+                srcs.append(entry.tensor)
+        if dsts:
+            self.backend.copy_many(dsts, srcs, self.stream)
+
+    def _copy_pairs(self, dsts: Sequence[object], srcs: Sequence[DeviceArray]) -> None:
+        """``dsts[i] <- srcs[i]`` in one batched copy, skipping ``None`` destinations."""
+        pairs = [(d, s) for d, s in zip(dsts, srcs) if isinstance(d, DeviceArray)]
+        if pairs:
+            self.backend.copy_many([d for d, _ in pairs], [s for _, s in pairs], self.stream)
 
     def _output(self, entry: DeviceEntry, shape: Sequence[int]) -> DeviceArray:
         if entry.output is None:
@@ -123,24 +153,15 @@ class NcclRun:
             return [out]
         counts = [prod(s) for s in resp.shapes]
         buf = self._fusion(sum(counts), resp.dtype)
-        offset = 0
-        for entry, n in zip(entries, counts):
-            self._stage_in(entry, self._piece(buf, offset, n))
-            offset += n
+        pieces = self._pieces(buf, counts)
+        self._stage_in(entries, pieces)
         if resp.prescale != 1.0:
             backend.scale(buf, resp.prescale, resp.dtype, stream)
         self.comm.allreduce(buf.ptr, buf.ptr, buf.size, dtype, op, self.handle)
         self._finish_reduction(buf, averaged)
-        results: List[object] = []
-        offset = 0
-        for entry, shape, n in zip(entries, resp.shapes, counts):
-            if entry is None:
-                results.append(None)
-            else:
-                out = self._output(entry, shape)
-                backend.copy(out, self._piece(buf, offset, n), stream)
-                results.append(out)
-            offset += n
+        results: List[object] = [None if entry is None else self._output(entry, shape)
+                                 for entry, shape in zip(entries, resp.shapes)]
+        self._copy_pairs(results, pieces)
         return results
 
     def _reducescatter(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
@@ -150,21 +171,30 @@ class NcclRun:
         splits = [ops.split_rows(shape[0], size) for shape in resp.shapes]
         rows = [ops.row_elems(shape) for shape in resp.shapes]
         counts = [sum(sp[p] * r for sp, r in zip(splits, rows)) for p in range(size)]
-        send = self._fusion(sum(counts), resp.dtype)
-        offset = 0
-        for p in range(size):   # rank p's block: every tensor's p-th slice, in order
-            for entry, sp, r in zip(entries, splits, rows):
-                n = sp[p] * r
-                start = sum(sp[:p]) * r
-                piece = self._piece(send, offset, n)
-                if entry is None or entry.tensor is None:
-                    backend.fill_zero(piece, stream)
-                else:
-                    backend.copy(piece, backend.slice(entry.tensor, start, n, resp.dtype), stream)
-                offset += n
-        if resp.prescale != 1.0:
-            backend.scale(send, resp.prescale, resp.dtype, stream)
-        recv = self._empty((counts[me],), resp.dtype)
+        single = entries[0] if len(entries) == 1 else None
+        if single is not None and single.tensor is not None and resp.prescale == 1.0:
+            send = single.tensor   # one tensor's rows are already its blocks in rank order: no staging
+        else:
+            send = self._fusion(sum(counts), resp.dtype)
+            dsts, srcs, offset = [], [], 0
+            for p in range(size):   # rank p's block: every tensor's p-th slice, in order
+                for entry, sp, r in zip(entries, splits, rows):
+                    n = sp[p] * r
+                    piece = self._piece(send, offset, n)
+                    if entry is None or entry.tensor is None:
+                        backend.fill_zero(piece, stream)
+                    elif n:
+                        dsts.append(piece)
+                        srcs.append(backend.slice(entry.tensor, sum(sp[:p]) * r, n, resp.dtype))
+                    offset += n
+            if dsts:
+                backend.copy_many(dsts, srcs, stream)
+            if resp.prescale != 1.0:
+                backend.scale(send, resp.prescale, resp.dtype, stream)
+        outs: List[object] = [None if entry is None else self._empty((sp[me],) + tuple(shape[1:]), resp.dtype)
+                              for entry, shape, sp in zip(entries, resp.shapes, splits)]
+        direct = single is not None and isinstance(outs[0], DeviceArray)
+        recv = cast(DeviceArray, outs[0]) if direct else self._empty((counts[me],), resp.dtype)
         if len(set(counts)) == 1:
             self.comm.reducescatter(send.ptr, recv.ptr, counts[0], dtype, op, self.handle)
         else:   # uneven blocks: one reduce to each block's owner, grouped
@@ -175,18 +205,9 @@ class NcclRun:
                     self.comm.reduce(self._piece(send, start, n).ptr, target, n, dtype, op, p, self.handle)
                     start += n
         self._finish_reduction(recv, averaged)
-        results: List[object] = []
-        offset = 0
-        for entry, shape, sp, r in zip(entries, resp.shapes, splits, rows):
-            n = sp[me] * r
-            if entry is None:
-                results.append(None)
-            else:
-                out = self._empty((sp[me],) + tuple(shape[1:]), resp.dtype)
-                backend.copy(out, self._piece(recv, offset, n), stream)
-                results.append(out)
-            offset += n
-        return results
+        if not direct:
+            self._copy_pairs(outs, self._pieces(recv, [sp[me] * r for sp, r in zip(splits, rows)]))
+        return outs
 
     # -- data movement (as bytes: any dtype) -------------------------------------------------------------
     def _allgather(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:
@@ -202,11 +223,8 @@ class NcclRun:
             send, recv = entries[0].input(), outputs[0]
         else:
             send = self._fusion(counts[me], resp.dtype)
-            offset = 0
-            for entry, dims, r in zip(entries, resp.first_dims, rows):
-                n = dims[me] * r
-                backend.copy(self._piece(send, offset, n), entry.input(), stream)
-                offset += n
+            mine = self._pieces(send, [dims[me] * r for dims, r in zip(resp.first_dims, rows)])
+            backend.copy_many(mine, [entry.input() for entry in entries], stream)
             recv = self._empty((sum(counts),), resp.dtype)
         if len(set(counts)) == 1:
             self.comm.allgather(send.ptr, recv.ptr, counts[0] * item, nccl.BYTES, self.handle)
@@ -219,15 +237,18 @@ class NcclRun:
                         self.comm.broadcast(send.ptr if p == me else dst, dst, n * item, nccl.BYTES, p, self.handle)
                     start += n
         if len(entries) > 1:
-            offset = 0
+            dsts, srcs, offset = [], [], 0
             cursors = [0] * len(outputs)
             for p in range(size):
                 for i, (dims, r) in enumerate(zip(resp.first_dims, rows)):
                     n = dims[p] * r
                     if n:
-                        backend.copy(self._piece(outputs[i], cursors[i], n), self._piece(recv, offset, n), stream)
+                        dsts.append(self._piece(outputs[i], cursors[i], n))
+                        srcs.append(self._piece(recv, offset, n))
                     cursors[i] += n
                     offset += n
+            if dsts:
+                backend.copy_many(dsts, srcs, stream)
         return list(outputs)
 
     def _broadcast(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:
@@ -249,16 +270,13 @@ class NcclRun:
             return [out]
         counts = [prod(s) for s in resp.shapes]
         buf = self._fusion(sum(counts), resp.dtype)
-        offset = 0
+        pieces = self._pieces(buf, counts)
         if is_root:
-            for out, n in zip(outputs, counts):
-                backend.copy(self._piece(buf, offset, n), out, stream)
-                offset += n
+            backend.copy_many(pieces, [entry.input() for entry in entries], stream)
         self.comm.broadcast(buf.ptr, buf.ptr, buf.size * item, nccl.BYTES, root, self.handle)
-        offset = 0
-        for out, n in zip(outputs, counts):
-            backend.copy(out, self._piece(buf, offset, n), stream)
-            offset += n
+        if is_root:   # the root's outputs hold its inputs already (copied above where they differ)
+            return list(outputs)
+        self._copy_pairs(outputs, pieces)
         return list(outputs)
 
     def _alltoall(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:

@@ -221,6 +221,10 @@ class Driver:
         if warm is not None and state.dead is None:
             if not self.advance_rounds():
                 return False
+        device_failure = state.executor.device_failure()
+        if device_failure is not None:
+            self.teardown.die_of_peer_failure(device_failure)
+            return False
         silent = state.liveness.silent()
         if silent:
             peer, quiet = silent[0]

@@ -66,6 +66,9 @@ class Executor:
         self.config = config
         self.timeline_of: Callable[[], Any] = lambda: None   # the runtime's current timeline (it may be replaced)
         self._devices: Any = None   # the DeviceExecutor, made at the first GPU response
+        # Set by the engine: called (from the GPU watchdog's thread) when the device plane failed.
+        self.on_device_failure: Optional[Callable[[BaseException], None]] = None
+        self._device_error: Optional[BaseException] = None   # the closed device plane's failure (lost GPU work)
 
     @property
     def devices(self):
@@ -79,8 +82,24 @@ class Executor:
     def close(self, abort: bool = True) -> None:
         """Free device resources (NCCL communicators: aborted after a failure so no GPU waits for a dead peer)."""
         if self._devices is not None:
-            self._devices.close(abort)
+            self._device_error = self._devices.close(abort)
             self._devices = None
+
+    def forget_set(self, set_id: int) -> None:
+        """A process set was removed: free its device resources (NCCL communicators, once their work is done)."""
+        if self._devices is not None:
+            self._devices.forget_set(set_id)
+
+    def settle_devices(self, timeout: Optional[float] = None) -> None:
+        """Wait until the GPU work enqueued so far completed; raise if the device plane failed."""
+        if self._devices is not None:
+            self._devices.settle(timeout)
+        elif self._device_error is not None:
+            raise self._device_error
+
+    def device_failure(self) -> Optional[BaseException]:
+        """The device plane's failure (a GPU collective timed out, an asynchronous NCCL error), else ``None``."""
+        return self._devices.watchdog.failure if self._devices is not None else self._device_error
 
     def activity_prefix(self, resp: Response) -> Optional[str]:
         """The timeline's name for the data plane of ``resp`` when it is not the host transport's."""

@@ -21,7 +21,8 @@ class Handle:
     more to create, and a handle is created per collective).
     """
 
-    __slots__ = ("_gate", "_lock", "_remaining", "_done", "results", "error", "names", "finalize", "driver")
+    __slots__ = ("_gate", "_lock", "_remaining", "_done", "results", "error", "names", "finalize", "driver",
+                 "settled")
 
     def __init__(self, count: int, names: List[str], finalize: Optional[Callable[[List[Any]], Any]] = None):
         self._gate = threading.Lock()
@@ -35,6 +36,8 @@ class Handle:
         self.finalize = finalize
         # Set by the engine at enqueue: ``driver(handle, timeout)`` lets the waiting thread make progress itself.
         self.driver: Optional[Callable[["Handle", Optional[float]], None]] = None
+        # Set by the device executor: whether the GPU work behind the results has finished (``poll`` asks).
+        self.settled: Optional[Callable[[], bool]] = None
         if count == 0:
             self._open()
 
@@ -164,7 +167,9 @@ class HandleTable:
             item = self._handles.get(key)
         if item is None:
             raise ValueError(f"Handle {key} was not created or has been cleared.")
-        return item[0].done()
+        handle = item[0]
+        # A GPU collective's results exist once it is enqueued; it is done when the GPU finished it (or it failed).
+        return handle.done() and (handle.error is not None or handle.settled is None or handle.settled())
 
     def synchronize(self, key: int) -> Any:
         """Wait for ``key`` and return its (wrapped) result; unknown handles give ``None``."""

@@ -106,8 +106,14 @@ class Runtime:
                              spinner)
         self.lane_use = LaneUse(state, state.lane, self.driver, self.outbox) if state.lane is not None else None
         self.intake = Intake(state, self.outbox, self.driver, self.lane_use)
+        # The GPU watchdog (engine/device_watchdog.py) fails work on its own thread: the driver ends the engine.
+        executor.on_device_failure = self._on_device_failure
         if state.lane is not None:   # [hang doctor] a stall on the lane dumps like the coordinator's
             state.lane.on_stall = lambda: flight_dump.on_stall_warning(state)
+
+    def _on_device_failure(self, error: BaseException) -> None:
+        self.state.wakeup.wake()
+        self.driver.call_background()
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> "Runtime":

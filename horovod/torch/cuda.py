@@ -8,7 +8,8 @@ freed by the caller is not handed out again before that stream is past it.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Iterator, List, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +26,8 @@ _TORCH_DTYPE = {
 if hasattr(torch, "uint16"):
     _TORCH_DTYPE["uint16"] = torch.uint16
 _HALVES = (torch.float16, torch.bfloat16)
+_ITEMSIZE = {name: ops.storage_dtype(name).itemsize for name in _TORCH_DTYPE}
+_POOL_LIMIT = 1024   # events kept for reuse
 
 
 def _flat(array: DeviceArray) -> torch.Tensor:
@@ -32,9 +35,18 @@ def _flat(array: DeviceArray) -> torch.Tensor:
 
 
 class TorchCudaBackend(DeviceBackend):
-    """CUDA memory, streams and events through torch."""
+    """CUDA memory, streams and events through torch.
+
+    Host cost per collective matters (one allreduce is a few tens of microseconds of Python): events come from a
+    pool (an event the engine released is recorded anew), the engine's stream is entered once per response
+    (:meth:`on_stream`) instead of once per copy, and fusion staging is one ``torch._foreach_copy_``.
+    """
 
     name = "torch.cuda"
+
+    def __init__(self) -> None:
+        self._events: List[Any] = []
+        self._active: Any = None   # the stream entered by on_stream (the engine's thread only)
 
     # -- devices and streams -----------------------------------------------------------------------------
     def current_device(self) -> int:
@@ -48,16 +60,28 @@ class TorchCudaBackend(DeviceBackend):
         props = torch.cuda.get_device_properties(device)
         return str(getattr(props, "uuid", "")) or f"{props.name}:{getattr(props, 'pci_bus_id', device)}"
 
-    def new_stream(self, device: int) -> Any:
-        return torch.cuda.Stream(device=device)
+    def new_stream(self, device: int, high_priority: bool = False) -> Any:
+        if not high_priority:
+            return torch.cuda.Stream(device=device)
+        try:   # a value beyond the device's range maps to its greatest priority
+            return torch.cuda.Stream(device=device, priority=-100)
+        except (RuntimeError, ValueError):
+            return torch.cuda.Stream(device=device, priority=-1)
 
     def stream_handle(self, stream: Any) -> int:
         return stream.cuda_stream
 
     def record(self, stream: Any) -> Any:
-        event = torch.cuda.Event()
+        try:
+            event = self._events.pop()
+        except IndexError:
+            event = torch.cuda.Event()
         event.record(stream)
         return event
+
+    def release(self, event: Any) -> None:
+        if len(self._events) < _POOL_LIMIT:
+            self._events.append(event)
 
     def wait(self, stream: Any, event: Any) -> None:
         stream.wait_event(event)
@@ -68,6 +92,19 @@ class TorchCudaBackend(DeviceBackend):
     def synchronize(self, stream: Any) -> None:
         stream.synchronize()
 
+    @contextlib.contextmanager
+    def on_stream(self, stream: Any) -> Iterator[None]:
+        with self._on(stream):
+            previous, self._active = self._active, stream
+            try:
+                yield
+            finally:
+                self._active = previous
+
+    def _on(self, stream: Any):
+        """``torch.cuda.stream(stream)``, or nothing when :meth:`on_stream` entered it already."""
+        return contextlib.nullcontext() if stream is self._active else torch.cuda.stream(stream)
+
     # -- memory -------------------------------------------------------------------------------------------
     def wrap(self, tensor: torch.Tensor) -> DeviceArray:
         """A contiguous CUDA tensor as a device array, ready once the caller's current stream gets here."""
@@ -76,9 +113,11 @@ class TorchCudaBackend(DeviceBackend):
         return DeviceArray(tensor, tensor.shape, storage, tensor.device.index, self, ready)
 
     def empty(self, shape: Sequence[int], dtype: str, device: int, stream: Any) -> DeviceArray:
-        with torch.cuda.stream(stream):
+        with self._on(stream):
             tensor = torch.empty(tuple(shape), dtype=_TORCH_DTYPE[dtype], device=torch.device("cuda", device))
-        return DeviceArray(tensor, shape, ops.storage_dtype(dtype), device, self)
+        array = DeviceArray(tensor, shape, ops.storage_dtype(dtype), device, self)
+        array.allocated = True
+        return array
 
     def pointer(self, array: DeviceArray) -> int:
         return array.owner.data_ptr()
@@ -89,7 +128,7 @@ class TorchCudaBackend(DeviceBackend):
         if flat.dtype != target:
             item = flat.element_size()
             raw = flat.view(torch.uint8) if item != 1 else flat
-            size = torch.empty((), dtype=target).element_size()
+            size = _ITEMSIZE[dtype]
             piece = raw[start * size:(start + count) * size].view(target)
         else:
             piece = flat[start:start + count]
@@ -101,18 +140,29 @@ class TorchCudaBackend(DeviceBackend):
     def copy(self, dst: DeviceArray, src: DeviceArray, stream: Any) -> None:
         if not src.nbytes:
             return
-        with torch.cuda.stream(stream):
+        with self._on(stream):
             _flat(dst).copy_(_flat(src))
 
+    def copy_many(self, dsts: Sequence[DeviceArray], srcs: Sequence[DeviceArray], stream: Any) -> None:
+        pairs = [(_flat(d), _flat(s)) for d, s in zip(dsts, srcs) if s.nbytes]
+        if not pairs:
+            return
+        with self._on(stream):
+            if hasattr(torch, "_foreach_copy_"):   # one launch for every pair
+                torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
+            else:
+                for d, s in pairs:
+                    d.copy_(s)
+
     def fill_zero(self, array: DeviceArray, stream: Any) -> None:
-        with torch.cuda.stream(stream):
+        with self._on(stream):
             array.owner.zero_()
 
     def scale(self, array: DeviceArray, factor: float, dtype: str, stream: Any) -> None:
         if factor == 1.0:
             return
         t = _flat(array)
-        with torch.cuda.stream(stream):
+        with self._on(stream):
             if t.dtype == torch.bool:
                 if factor == 0:
                     t.zero_()
@@ -127,7 +177,7 @@ class TorchCudaBackend(DeviceBackend):
         if divisor == 1:
             return
         t = _flat(array)
-        with torch.cuda.stream(stream):
+        with self._on(stream):
             if t.dtype == torch.bool:
                 return
             if not t.is_floating_point():
@@ -144,14 +194,14 @@ class TorchCudaBackend(DeviceBackend):
         if not src.nbytes:   # empty tensors may have zero strides, which byte views refuse
             return
         host = torch.from_numpy(dst.reshape(-1).view(np.uint8))
-        with torch.cuda.stream(stream):
+        with self._on(stream):
             host.copy_(_flat(src).view(torch.uint8), non_blocking=True)
 
     def to_device(self, dst: DeviceArray, src: np.ndarray, stream: Any) -> None:
         if not dst.nbytes:
             return
         host = torch.from_numpy(np.ascontiguousarray(src).reshape(-1).view(np.uint8))
-        with torch.cuda.stream(stream):
+        with self._on(stream):
             _flat(dst).view(torch.uint8).copy_(host, non_blocking=True)
 
 
@@ -168,7 +218,8 @@ def wait_done(array: DeviceArray) -> torch.Tensor:
     stream = torch.cuda.current_stream(tensor.device)
     if array.done is not None:
         stream.wait_event(array.done)
-    tensor.record_stream(stream)
+    if array.allocated:   # made on the engine's stream, used on the caller's from now on
+        tensor.record_stream(stream)
     return tensor
 
 

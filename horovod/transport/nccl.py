@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
+import time
 from typing import Iterator, Optional
 
-from horovod.transport.nccl_lib import IN_PROGRESS, SUCCESS, NcclError, NcclLibrary, NcclUniqueId
+from horovod.transport.nccl_lib import IN_PROGRESS, SUCCESS, NcclError, NcclLibrary, NcclUniqueId, nonblocking_config
+
+logger = logging.getLogger(__name__)
+INVALID_ARGUMENT = 4
 
 # ncclDataType_t by engine dtype name.  int16/uint16 have no NCCL type: reductions on them are host-staged,
 # and data movement (allgather, broadcast, alltoall) moves any dtype as bytes.
@@ -56,20 +61,65 @@ def _id_struct(raw: bytes) -> NcclUniqueId:
     return uid
 
 
+class NcclTimeout(NcclError):
+    """A non-blocking communicator did not finish creating (or connecting) in time: a peer is frozen or gone."""
+
+
 class NcclComm:
     """One communicator: ``size`` ranks, this one ``rank``, on the current CUDA device of the creating thread.
 
-    Creation is collective: every rank calls it with the same ``uid`` (blocking until all have).
+    Creation is collective: every rank calls it with the same ``uid``.  With ``timeout`` (seconds) and a library
+    that has ``ncclCommInitRankConfig`` (2.17+), the communicator is non-blocking: creation, and every call that
+    answers ``ncclInProgress`` (NCCL's lazy connects), are polled until done and fail with :class:`NcclTimeout`
+    after ``timeout`` instead of blocking the calling thread for ever on a frozen peer.
     """
 
-    def __init__(self, lib: NcclLibrary, uid: bytes, size: int, rank: int):
-        self.lib, self.size, self.rank = lib, size, rank
+    def __init__(self, lib: NcclLibrary, uid: bytes, size: int, rank: int, timeout: Optional[float] = None):
+        self.lib, self.size, self.rank, self.timeout = lib, size, rank, timeout
         handle = ctypes.c_void_p()
-        lib.check("ncclCommInitRank", lib.ncclCommInitRank(ctypes.byref(handle), size, _id_struct(uid), rank))
-        self.handle: Optional[int] = handle.value
+        self.nonblocking = timeout is not None and lib.has_config
+        self.handle: Optional[int] = None
+        if self.nonblocking:
+            config = nonblocking_config()
+            code = lib.ncclCommInitRankConfig(ctypes.byref(handle), size, _id_struct(uid), rank, ctypes.byref(config))
+            self.handle = handle.value
+            if code == INVALID_ARGUMENT and not self.handle:
+                # A library that refuses this config layout: create the communicator the blocking way instead.
+                logger.warning("horovod: %s refused a non-blocking NCCL communicator (%s); creating it blocking",
+                               lib.path, lib.last_error() or lib.error_string(code))
+                self.nonblocking = False
+            elif code not in (SUCCESS, IN_PROGRESS):
+                self.abort()
+                lib.check("ncclCommInitRankConfig", code)
+            else:
+                self._settle("ncclCommInitRankConfig", "creating the communicator")
+        if not self.nonblocking:
+            lib.check("ncclCommInitRank", lib.ncclCommInitRank(ctypes.byref(handle), size, _id_struct(uid), rank))
+            self.handle = handle.value
+
+    def _settle(self, call: str, doing: str) -> None:
+        """Poll a non-blocking communicator until its last call completed (or failed, or the timeout passed)."""
+        deadline = time.monotonic() + (self.timeout or 0.0)
+        code = ctypes.c_int(IN_PROGRESS)
+        pause = 1e-5
+        while True:
+            self.lib.check("ncclCommGetAsyncError", self.lib.ncclCommGetAsyncError(self.handle, ctypes.byref(code)))
+            if code.value != IN_PROGRESS:
+                break
+            if time.monotonic() > deadline:
+                self.abort()
+                raise NcclTimeout(call, IN_PROGRESS, f"{doing} did not complete within {self.timeout:.0f} s on rank "
+                                  f"{self.rank} of {self.size}: a rank of the communicator is frozen, gone, or never "
+                                  f"created it (HOROVOD_GLOO_TIMEOUT_SECONDS bounds this wait)")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+        if code.value != SUCCESS:
+            self.lib.check(call, code.value, self.handle)
 
     def _check(self, call: str, code: int) -> None:
-        if code != SUCCESS and code != IN_PROGRESS:
+        if code == IN_PROGRESS and self.nonblocking:
+            self._settle(call, call)
+        elif code != SUCCESS and code != IN_PROGRESS:
             self.lib.check(call, code, self.handle)
 
     # -- collectives (enqueue on ``stream`` and return) ----------------------------------------------------
@@ -125,7 +175,15 @@ class NcclComm:
             self.lib.ncclCommAbort(handle)
 
     def destroy(self) -> None:
-        """Free the communicator after its work completed (orderly shutdown)."""
+        """Free the communicator after its work completed (orderly shutdown).  A non-blocking one is finalized
+        first and polled (its flush may take a moment; a peer gone meanwhile makes it an abort)."""
+        if self.handle is None:
+            return
+        if self.nonblocking and hasattr(self.lib, "ncclCommFinalize"):
+            try:
+                self._check("ncclCommFinalize", self.lib.ncclCommFinalize(self.handle))
+            except NcclError:
+                self.abort()
+                return
         handle, self.handle = self.handle, None
-        if handle is not None:
-            self.lib.ncclCommDestroy(handle)
+        self.lib.ncclCommDestroy(handle)

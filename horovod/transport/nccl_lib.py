@@ -36,6 +36,29 @@ class NcclUniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * _UNIQUE_ID_BYTES)]
 
 
+class NcclConfig(ctypes.Structure):
+    """``ncclConfig_t`` as NCCL 2.17 lays it out (newer libraries read the fields of the version it states)."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("blocking", ctypes.c_int), ("cgaClusterSize", ctypes.c_int), ("minCTAs", ctypes.c_int),
+                ("maxCTAs", ctypes.c_int), ("netName", ctypes.c_char_p)]
+
+
+CONFIG_MAGIC, CONFIG_UNDEF_INT = 0xCAFEBEEF, -(1 << 31)
+# ncclCommInitRankConfig with this struct's fields (non-blocking creation: ncclInProgress, then polled).
+CONFIG_VERSION = (2, 17, 0)
+# From 2.26 on, NCCL_LAUNCH_ORDER_IMPLICIT=1 orders the kernels of several communicators on several streams by the
+# order the host issued them (otherwise "deadlocks could ensue").
+IMPLICIT_ORDER_VERSION = (2, 26, 0)
+
+
+def nonblocking_config() -> NcclConfig:
+    """``NCCL_CONFIG_INITIALIZER`` with ``blocking = 0``."""
+    cfg = NcclConfig(ctypes.sizeof(NcclConfig), CONFIG_MAGIC, 21700, 0, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT,
+                     CONFIG_UNDEF_INT, None)
+    return cfg
+
+
 _p = ctypes.c_void_p        # device buffers, communicators, streams: plain pointers
 _int, _size = ctypes.c_int, ctypes.c_size_t
 _result = ctypes.c_int      # ncclResult_t (an enum)
@@ -65,6 +88,8 @@ SIGNATURES: Dict[str, Tuple[object, Tuple[object, ...]]] = {
 # Declared where present (ncclGetLastError: 2.13+); a library without them still loads.
 OPTIONAL_SIGNATURES: Dict[str, Tuple[object, Tuple[object, ...]]] = {
     "ncclGetLastError": (ctypes.c_char_p, (_p,)),
+    "ncclCommInitRankConfig": (_result, (ctypes.POINTER(_p), _int, NcclUniqueId, _int, ctypes.POINTER(NcclConfig))),
+    "ncclCommFinalize": (_result, (_p,)),
 }
 
 # Names the system loader is asked for when neither an explicit path nor the wheel gives one.
@@ -132,9 +157,12 @@ class NcclLibrary:
         version: ``(major, minor, patch)``.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, deepbind: bool = False):
+        # An explicitly named library is loaded with RTLD_DEEPBIND: beside torch's own NCCL in the process, its
+        # calls to its own internal symbols must not bind to that other copy's.
+        mode = ctypes.DEFAULT_MODE | (getattr(os, "RTLD_DEEPBIND", 0) if deepbind else 0)
         try:
-            self._dll = ctypes.CDLL(path)
+            self._dll = ctypes.CDLL(path, mode=mode)
         except OSError as exc:
             raise NcclUnavailable(f"cannot load NCCL from {path!r}: {exc}") from None
         missing = [name for name in SIGNATURES if not hasattr(self._dll, name)]
@@ -157,6 +185,16 @@ class NcclLibrary:
         """``major*10000 + minor*100 + patch`` (``nccl_built()``'s form, whatever the library's own encoding)."""
         major, minor, patch = self.version
         return major * 10000 + minor * 100 + patch
+
+    @property
+    def has_config(self) -> bool:
+        """Whether communicators can be created non-blocking (``ncclCommInitRankConfig``, 2.17's config)."""
+        return self.version >= CONFIG_VERSION and hasattr(self._dll, "ncclCommInitRankConfig")
+
+    @property
+    def implicit_order(self) -> bool:
+        """Whether ``NCCL_LAUNCH_ORDER_IMPLICIT=1`` is understood (2.26+)."""
+        return self.version >= IMPLICIT_ORDER_VERSION
 
     @property
     def has_avg(self) -> bool:
@@ -202,7 +240,7 @@ def load(explicit: str = "") -> NcclLibrary:
     reasons = []
     for path in candidates(explicit):
         try:
-            lib = NcclLibrary(path)
+            lib = NcclLibrary(path, deepbind=bool(explicit))
         except NcclUnavailable as exc:
             reasons.append(str(exc))
             continue

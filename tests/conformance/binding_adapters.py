@@ -136,6 +136,30 @@ class DeviceAdapter(NumpyAdapter):
         emulated_device.install(self.hvd)
 
 
+class DeviceNcclAdapter(NumpyAdapter):
+    """The engine's NCCL path without a GPU: device arrays of an NCCL-capable host-memory backend and the stand-in
+    NCCL (tests/gpu/standin_nccl, built with cc), so every case runs through horovod/engine/device_nccl.py."""
+
+    name = "device-nccl"
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        import shutil
+
+        return None if shutil.which("cc") else "no C compiler (cc) to build the stand-in NCCL"
+
+    def __init__(self) -> None:
+        import os
+
+        from tests.gpu import standin
+
+        super().__init__()
+        path = standin.library()
+        os.environ.update({"HOROVOD_NCCL_SO_PATH": path, "STANDIN_NCCL_DIR": os.environ["HVD_TEST_JOB_DIR"],
+                           "HOROVOD_GPU_OPERATIONS": "NCCL"})   # NCCL or an error, never staged quietly
+        emulated_device.install_nccl(self.hvd, path)
+
+
 class TorchAdapter(Adapter):
     name, module, framework = "torch", "horovod.torch", "torch"
 
@@ -343,8 +367,8 @@ class JaxJitAdapter(JaxAdapter):
         return self.jit(lambda vs: self.hvd.grouped_reducescatter(vs, op=op, name=op_name(name)))(xs)
 
 
-ADAPTERS = {cls.name: cls for cls in (NumpyAdapter, DeviceAdapter, TorchAdapter, TorchCudaAdapter, TensorflowAdapter,
-                                      MxnetAdapter, JaxAdapter, JaxJitAdapter)}
+ADAPTERS = {cls.name: cls for cls in (NumpyAdapter, DeviceAdapter, DeviceNcclAdapter, TorchAdapter, TorchCudaAdapter,
+                                      TensorflowAdapter, MxnetAdapter, JaxAdapter, JaxJitAdapter)}
 
 
 def skip_reason(binding: str, dtype: Optional[str] = None, needs_inplace: bool = False) -> Optional[str]:

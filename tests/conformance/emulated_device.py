@@ -35,7 +35,7 @@ class HostMemoryBackend(DeviceBackend):
     def device_id(self, device: int) -> str:
         return "host-memory"
 
-    def new_stream(self, device: int) -> Any:
+    def new_stream(self, device: int, high_priority: bool = False) -> Any:
         return None
 
     def stream_handle(self, stream: Any) -> int:
@@ -55,7 +55,9 @@ class HostMemoryBackend(DeviceBackend):
 
     def empty(self, shape: Sequence[int], dtype: str, device: int, stream: Any) -> DeviceArray:
         storage = ops.storage_dtype(dtype)
-        return DeviceArray(np.empty(tuple(shape), storage), shape, storage, device, self)
+        array = DeviceArray(np.empty(tuple(shape), storage), shape, storage, device, self)
+        array.allocated = True
+        return array
 
     def pointer(self, array: DeviceArray) -> int:
         return array.owner.ctypes.data
@@ -129,3 +131,100 @@ def install(binding) -> None:
     backend = HostMemoryBackend()
     devices.register_backend(backend)
     binding._collectives.adapter = DeviceArrayAdapter(backend)
+
+
+class _Event:
+    """An emulated CUDA event: complete unless the stand-in NCCL holds work that never completes."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: "NcclHostBackend"):
+        self.backend = backend
+
+
+class NcclHostBackend(HostMemoryBackend):
+    """A host-memory "GPU" that NCCL may use: with the stand-in NCCL (tests/gpu/standin_nccl) loaded through
+    ``HOROVOD_NCCL_SO_PATH``, the device executor's NCCL path runs on the CPU.
+
+    Each process is its own GPU (its id names the process), the current device is per thread, and what the engine
+    asks of the device is recorded in :attr:`calls` (``(what, detail)``) for the tests to read.  Events complete
+    at once unless the stand-in says its emulated GPU is stuck (``standinBusy()``: a collective that never
+    completes, until its communicator is aborted).
+    """
+
+    name = "host-memory-nccl"
+    nccl_capable = True
+
+    def __init__(self, standin_path: str = ""):
+        import ctypes
+        import os
+        import threading
+
+        self._local = threading.local()
+        self.calls: list = []
+        self.violations: list = []
+        self._pending_reads: set = set()
+        self._lib = ctypes.CDLL(standin_path) if standin_path else None
+        self._uid = f"emulated-gpu-{os.getpid()}"
+
+    def current_device(self) -> int:
+        return getattr(self._local, "device", 0)
+
+    def set_device(self, device: int) -> None:
+        self._local.device = device
+        self.calls.append(("set_device", device))
+
+    def device_id(self, device: int) -> str:
+        return f"{self._uid}:{device}"
+
+    def new_stream(self, device: int, high_priority: bool = False) -> Any:
+        self.calls.append(("new_stream", (device, high_priority)))
+        return None
+
+    def busy(self) -> bool:
+        return bool(self._lib is not None and self._lib.standinBusy())
+
+    def record(self, stream: Any) -> Any:
+        return _Event(self)
+
+    def wait(self, stream: Any, event: Any) -> None:
+        self.calls.append(("wait", id(event)))
+
+    def query(self, event: Any) -> bool:
+        return event is None or not self.busy()
+
+    def synchronize(self, stream: Any) -> None:
+        self._pending_reads.clear()
+
+    def empty(self, shape: Sequence[int], dtype: str, device: int, stream: Any) -> DeviceArray:
+        self.calls.append(("empty", device))
+        return super().empty(shape, dtype, device, stream)
+
+    def keep_alive(self, array: DeviceArray, stream: Any) -> None:
+        self.calls.append(("keep_alive", self.pointer(array)))
+
+    def copy(self, dst: DeviceArray, src: DeviceArray, stream: Any) -> None:
+        self.calls.append(("copy", src.nbytes))
+        super().copy(dst, src, stream)
+
+    def copy_many(self, dsts: Sequence[DeviceArray], srcs: Sequence[DeviceArray], stream: Any) -> None:
+        self.calls.append(("copy_many", len(dsts)))
+        for dst, src in zip(dsts, srcs):
+            HostMemoryBackend.copy(self, dst, src, stream)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        if self._pending_reads:   # a GPU would still be copying out of the buffer being replaced
+            self.violations.append("a pinned buffer was replaced while a copy could still read the old one")
+        return super().pinned(nbytes)
+
+    def to_device(self, dst: DeviceArray, src: np.ndarray, stream: Any) -> None:
+        self._pending_reads.add(id(src))   # asynchronous on a GPU: reads src until the stream gets there
+        super().to_device(dst, src, stream)
+
+
+def install_nccl(binding, standin_path: str) -> NcclHostBackend:
+    """Make ``binding`` (``horovod.numpy``) pass device arrays of an NCCL-capable host-memory backend."""
+    backend = NcclHostBackend(standin_path)
+    devices.register_backend(backend)
+    binding._collectives.adapter = DeviceArrayAdapter(backend)
+    return backend

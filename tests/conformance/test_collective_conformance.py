@@ -30,6 +30,8 @@ COMBOS: List[Tuple[str, str, int]] = [(b, t, n) for b in ("numpy", "torch", "ten
 COMBOS.append(("numpy", "mpi", 2))
 # The device path: emulated over host memory everywhere (staged, as a GPU job without NCCL), on CUDA where a GPU
 # is (np = 1: NCCL; np >= 2 on one GPU: staged, unless NCCL >= 2.30 lets ranks share it).
+# The NCCL path without a GPU: the stand-in NCCL over host memory (tests/gpu/standin_nccl).
+COMBOS += [("device-nccl", "tcp", 2), ("device-nccl", "shm", 3)]
 COMBOS += [("device", "tcp", 2), ("device", "shm", 3), ("device", "mpi", 2),
            ("torch-cuda", "tcp", 1), ("torch-cuda", "tcp", 2), ("torch-cuda", "shm", 3)]
 # JAX is the newest binding: every transport at every size from 1 to 4 (hierarchical from 2: it needs two hosts).

@@ -7,6 +7,7 @@ NCCL refuses before 2.30, so the engine stages them through host memory (with a 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -25,8 +26,13 @@ NCCL_VERSION = nccl_built()
 MULTI_RANK = NCCL_VERSION >= 23000
 
 
+# The ranks get no HOROVOD_* variable of this process (tests/multiproc.py), but must load the NCCL the device run
+# chose (tests/gpu/device_check.sh: NCCL 2.30 for two ranks on one GPU).
+NCCL_ENV = {k: os.environ[k] for k in ("HOROVOD_NCCL_SO_PATH",) if os.environ.get(k)}
+
+
 def _run(fn, np_, env=None, args=()):
-    return run_ranks(fn, np_, args=args, env=env or {}, timeout=300)
+    return run_ranks(fn, np_, args=args, env={**NCCL_ENV, **(env or {})}, timeout=300)
 
 
 @pytest.mark.skipif(not NCCL_VERSION, reason="NCCL cannot be loaded here")

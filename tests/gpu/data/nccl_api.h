@@ -5,6 +5,9 @@ typedef struct { char internal[128]; } ncclUniqueId;
 ncclResult_t  ncclGetVersion(int *version);
 ncclResult_t  ncclGetUniqueId(ncclUniqueId* uniqueId);
 ncclResult_t  ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
+ncclResult_t  ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+    ncclConfig_t* config);
+ncclResult_t  ncclCommFinalize(ncclComm_t comm);
 ncclResult_t  ncclCommDestroy(ncclComm_t comm);
 ncclResult_t  ncclCommAbort(ncclComm_t comm);
 const char*  ncclGetErrorString(ncclResult_t result);
