@@ -508,3 +508,27 @@ def test_console_script(tmp_path):
                             text=True, timeout=CALL_TIMEOUT_S, env=child_env(), stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[0]<stdout>:rank 0", "[1]<stdout>:rank 1"]
+
+
+VANISHING_WORKER = """
+import os
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+hvd.allreduce(np.ones(4, np.float32), name="warmup")
+if hvd.rank() == 1:
+    os._exit(0)   # gone without a word, and with status 0: the launcher's headline is rank 0's error
+hvd.allreduce(np.ones(4, np.float32), name="after")
+"""
+
+
+def test_a_vanished_peer_is_reported_once_not_twice(hvdrun, script):
+    """The survivor's error used to say the same sentence twice: 'rank 1 closed its control connection (the process
+    exited or crashed): rank 1 closed the control connection (the process exited or crashed).'"""
+    result = hvdrun(["-np", "2", "python", script(VANISHING_WORKER)], env=child_env(HOROVOD_TRANSPORT="tcp"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "closed its control connection" in line]
+    assert lines, result.stderr[-3000:]
+    for line in lines:
+        assert line.count("closed") == 1 and line.count("exited or crashed") == 1, line
+        assert "rank 1" in line, line
