@@ -86,7 +86,8 @@ KNOBS: Tuple[Knob, ...] = (
          "Noise (alpha) of the Gaussian process, in [0, 1]."),
     # Timeline.
     Knob("timeline", str, "", "HOROVOD_TIMELINE", "--timeline-filename", "timeline.filename",
-         "Write a Chrome-trace timeline to this file on rank 0 (DYNAMIC: only after start_timeline())."),
+         "Rank 0 writes a Chrome-trace timeline to this file from hvd.init() on (docs/timeline.md); the value "
+         "DYNAMIC records nothing until hvd.start_timeline(path)."),
     Knob("timeline_mark_cycles", bool, False, "HOROVOD_TIMELINE_MARK_CYCLES", "--timeline-mark-cycles",
          "timeline.mark_cycles", "Mark coordinator cycles in the timeline.", negatable=True),
     # Stall inspector.
