@@ -498,6 +498,8 @@ def test_version(hvdrun):
         assert (result.returncode, result.stdout.strip()) == (
             0, f"horovod-next {_installed_version()} (Horovod {horovod.__version__} API)"), result.stdout
     assert horovod.__version__ == "0.28.1"   # the API version scripts compare against stays the original's
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"`horovod-next {_installed_version()} (Horovod 0.28.1 API)`" in readme, "README shows another version"
 
 
 @pytest.mark.parametrize("args, fragment", [
