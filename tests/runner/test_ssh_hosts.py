@@ -559,6 +559,24 @@ hvd.shutdown()
 """
 
 
+def test_shared_memory_groups_need_the_same_network_namespace():
+    """The hierarchical transport's node key: the launcher's host name is not enough (under mpirun every rank says
+    'localhost'); a rank in another network namespace (another host, or a container) is never in this shm group."""
+    import shutil
+
+    from horovod.transport.hierarchical import node_key
+
+    assert node_key("localhost") == node_key("localhost") != node_key("hostB")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a new network namespace needs root and unshare")
+    probe = [sys.executable, "-c", "from horovod.transport.hierarchical import node_key; print(node_key('localhost'))"]
+    other = subprocess.run(["unshare", "--net", *probe], capture_output=True, text=True, timeout=60,
+                           env=child_env(), cwd=str(REPO))
+    if other.returncode != 0:
+        pytest.skip(f"unshare --net is not permitted here: {other.stderr.strip()}")
+    assert other.stdout.strip() != node_key("localhost"), other.stdout
+
+
 @pytest.mark.skipif(not _have_mpi(), reason="mpirun and mpi4py are not installed")
 def test_hierarchical_transport_under_the_mpirun_horovodrun_chose(cluster, cluster_home, script):
     """No --mpi: across hosts horovodrun picks mpirun; ranks 2 and 3 (hostB) once died with 'shm transport: could not
