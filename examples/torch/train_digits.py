@@ -4,11 +4,19 @@
 
 Every rank trains on its own shard of the training set (``DistributedSampler`` with Horovod's rank and size),
 gradients are averaged by ``DistributedOptimizer``, the initial state is broadcast from rank 0, and rank 0
-prints the training loss and test accuracy (averaged over all ranks) after each epoch.
+prints the training loss and test accuracy (averaged over all ranks) after each epoch, with the epoch's time and
+the samples per second the whole job trained.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import time
+
+if os.environ.get("HOROVOD_RANK", "0") == "0":
+    # Importing torch and scikit-learn takes a while (tens of seconds on a slow or busy machine): say so first.
+    print("loading PyTorch and scikit-learn ...", file=sys.stderr, flush=True)
 
 import torch
 import torch.nn.functional as F
@@ -58,10 +66,13 @@ def main(argv=None) -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
+    if hvd.rank() == 0:
+        print(f"training on {hvd.size()} processes, {len(train_set)} samples per epoch", flush=True)
     for epoch in range(args.epochs):
         model.train()
         train_sampler.set_epoch(epoch)
         total, count = 0.0, 0
+        began = time.perf_counter()
         for data, target in train_loader:
             optimizer.zero_grad()
             loss = F.cross_entropy(model(data), target)
@@ -70,6 +81,9 @@ def main(argv=None) -> None:
             total += loss.item() * len(data)
             count += len(data)
         train_loss = metric_average(total / max(count, 1), "train_loss")
+        # Every rank's samples, over the slowest rank's time (the averaging above waited for it).
+        seconds = time.perf_counter() - began
+        samples = metric_average(float(count), "train_samples") * hvd.size()
 
         model.eval()
         correct, seen = 0, 0
@@ -79,7 +93,8 @@ def main(argv=None) -> None:
                 seen += len(data)
         accuracy = metric_average(correct / max(seen, 1), "test_accuracy")
         if hvd.rank() == 0:
-            print(f"epoch {epoch + 1}: loss {train_loss:.4f}, test accuracy {accuracy:.3f}", flush=True)
+            print(f"epoch {epoch + 1}: loss {train_loss:.4f}, test accuracy {accuracy:.3f}, {seconds:.2f} s, "
+                  f"{samples / seconds:.0f} samples/s", flush=True)
 
 
 if __name__ == "__main__":

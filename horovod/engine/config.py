@@ -98,8 +98,9 @@ class Config:
         maximum=1)
     # Timeline.
     timeline: str = knob(
-        "", "HOROVOD_TIMELINE", "Write a Chrome-trace timeline to this file on rank 0 (DYNAMIC: only after "
-        "start_timeline()).", flag="--timeline-filename", config_key="timeline.filename")
+        "", "HOROVOD_TIMELINE", "Rank 0 writes a Chrome-trace timeline to this file from hvd.init() on "
+        "(docs/timeline.md); the value DYNAMIC records nothing until hvd.start_timeline(path).",
+        flag="--timeline-filename", config_key="timeline.filename")
     timeline_mark_cycles: bool = knob(
         False, "HOROVOD_TIMELINE_MARK_CYCLES", "Mark coordinator cycles in the timeline.",
         flag="--timeline-mark-cycles", config_key="timeline.mark_cycles", negatable=True)

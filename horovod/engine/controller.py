@@ -290,8 +290,9 @@ class FrameReader:
             except OSError as exc:
                 raise PeerError(f"control connection to {self.peer} failed: {exc}", peer=self.peer) from exc
             if not n:
-                raise PeerError(f"{self.peer} closed the control connection (the process exited or crashed)",
-                                peer=self.peer)
+                # Only what was seen: the runtime's message (the one users read) says who closed it and why that
+                # matters; saying it here too printed the same sentence twice.
+                raise PeerError(f"end of stream from {self.peer} (recv returned no bytes)", peer=self.peer)
             self._buf += self._view[:n]
             if n < self._CHUNK:
                 break

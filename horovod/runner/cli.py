@@ -139,15 +139,42 @@ def _add_knob(parser: argparse.ArgumentParser, groups: Dict[str, argparse._Argum
                        help=knob.help + shown, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full ``horovodrun`` parser (launcher flags + every knob flag of the table)."""
+#: The PyPI-style name this project is installed under (``pip show horovod-next``).
+DISTRIBUTION = "horovod-next"
+
+
+def distribution_version() -> str:
+    """This installation's own version, from its package metadata (``0.28.1.post1``), or a note saying that the
+    code runs from a checkout that was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "(not installed: running from a checkout; pip install -e . records the version)"
+
+
+def version_line() -> str:
+    """What ``horovodrun --version`` prints: ``horovod-next 0.28.1.post1 (Horovod 0.28.1 API)``.
+
+    The original printed the bare ``0.28.1``.  This line names the distribution's own version first and still
+    contains the Horovod API version it implements (``horovod.__version__``, unchanged), so a script that looked
+    for ``0.28.1`` in the output still finds it; a script that needs one exact value reads ``horovod.__version__``
+    (the API) or ``importlib.metadata.version("horovod-next")`` (the release) instead.
+    """
     from horovod.version import __version__
 
+    return f"{DISTRIBUTION} {distribution_version()} (Horovod {__version__} API)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``horovodrun`` parser (launcher flags + every knob flag of the table)."""
     parser = argparse.ArgumentParser(
         prog="horovodrun", description="Horovod Runner: start a distributed training job.",
         allow_abbrev=False)
-    parser.add_argument("-v", "--version", action="version", version=__version__,
-                        help="Show the Horovod version and exit.")
+    parser.add_argument("-v", "--version", action="version", version=version_line(),
+                        help="Show this installation's version (and the Horovod API version it implements) and "
+                             "exit.")
     parser.add_argument("-np", "--num-proc", dest="num_proc", type=int,
                         help="Total number of processes to start.")
     parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
@@ -314,6 +341,7 @@ def start_timeout(value: Optional[int], env: Mapping[str, str]) -> int:
     return seconds(value, env, "HOROVOD_START_TIMEOUT", DEFAULT_START_TIMEOUT)
 
 
-__all__ = ["build_parser", "defaults", "knob_dest", "knob_env", "flag_knobs", "knob_by_dest", "LOG_LEVELS",
+__all__ = ["build_parser", "distribution_version", "version_line", "DISTRIBUTION",
+           "defaults", "knob_dest", "knob_env", "flag_knobs", "knob_by_dest", "LOG_LEVELS",
            "OVERRIDES_ATTR", "FROM_CONFIG_ATTR", "CONTROLLER_DESTS", "ELASTIC_DESTS", "elastic_requested",
            "seconds", "start_timeout", "DEFAULT_START_TIMEOUT"]

@@ -23,13 +23,13 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from horovod.doctor import DumpDirectoryError, report
 from horovod.engine import flight_dump
 from horovod.engine.flight_dump import COLLECT_TIMEOUT_S, STORE_SCOPE
 from horovod.runner.exec import WorkerExit
-from horovod.runner.hosts import is_local_host
+from horovod.runner.hosts import is_local_host, rank_ranges
 
 logger = logging.getLogger("horovod.runner")
 
@@ -41,6 +41,28 @@ REQUEST_QUIET_S = 10.0
 
 def _is_local(host: str) -> bool:
     return host == socket.gethostname() or is_local_host(host)
+
+
+class NotServing:
+    """The launcher's ``SIGUSR1`` handler while no :class:`HangWatch` can collect (the launcher is still starting,
+    or the job runs under mpirun): it says why instead of dying (the default action) or staying silent."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __call__(self, signum, frame) -> None:
+        logger.warning("a flight-recorder dump was asked for (SIGUSR1), but it cannot be served: %s", self.why)
+
+
+#: Why a request is not served under ``horovodrun --mpi`` (there, rank 0 collects by itself).
+UNDER_MPIRUN = ("under --mpi the ranks collect by themselves: rank 0 at a stall warning, or any rank on "
+                "hvd.dump_flight_recorder(all_ranks=True); or send SIGUSR1 to a rank's pid (see docs/debugging.md)")
+#: Why a request is not served while the launcher starts.
+STARTING = "the launcher is still starting the job (checking hosts); ask again once the workers run"
+
+
+def _replaceable(handler) -> bool:
+    return handler in (signal.SIG_DFL, None) or isinstance(handler, NotServing)
 
 
 class HangWatch:
@@ -65,6 +87,9 @@ class HangWatch:
         self._collect_lock = threading.Lock()
         self._seen_request: Optional[bytes] = None
         self._last_collect = -REQUEST_QUIET_S
+        #: A SIGUSR1 that came before every rank reached init(): served once they have (see :meth:`on_request`).
+        self._pending = threading.Event()
+        self._previous_handler: Any = None   # the SIGUSR1 handler to restore at stop()
         self._thread = threading.Thread(target=self._watch, name="horovod-doctor-watch", daemon=True)
 
     def env(self) -> Dict[str, str]:
@@ -75,7 +100,9 @@ class HangWatch:
         self._thread.start()
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1"):
             try:
-                if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+                current = signal.getsignal(signal.SIGUSR1)
+                if _replaceable(current):
+                    self._previous_handler = current
                     signal.signal(signal.SIGUSR1, self._on_signal)
             except (ValueError, OSError):
                 pass
@@ -86,7 +113,7 @@ class HangWatch:
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1"):
             try:
                 if signal.getsignal(signal.SIGUSR1) == self._on_signal:
-                    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+                    signal.signal(signal.SIGUSR1, self._previous_handler or signal.SIG_DFL)
             except (ValueError, OSError):
                 pass
         self._thread.join(1.0)
@@ -97,10 +124,30 @@ class HangWatch:
                 pass
 
     def _on_signal(self, signum, frame) -> None:
-        threading.Thread(target=self.collect, args=("SIGUSR1 to the launcher",), daemon=True).start()
+        threading.Thread(target=self.on_request, daemon=True).start()
+
+    def _waiting_for(self) -> list:
+        """The ranks of this job (or generation) that have not announced themselves at ``init()`` yet."""
+        pids = flight_dump.announced(self.store.scope(STORE_SCOPE))
+        return sorted(r for r in self.hosts if r not in pids and r not in self.exits)
+
+    def on_request(self) -> str:
+        """A dump asked for from outside (``SIGUSR1``): collected now when every rank reached ``init()``; else said
+        so at once, and collected as soon as they all have (the watch thread sees it)."""
+        missing = self._waiting_for()
+        if not missing:
+            return self.collect("SIGUSR1 to the launcher")
+        self._pending.set()
+        logger.warning("a flight-recorder dump was asked for (SIGUSR1), but it cannot be served yet: rank(s) %s of "
+                       "%d have not reached hvd.init() (still starting, or stuck before it); it will be collected "
+                       "as soon as every rank has", rank_ranges(missing), len(self.hosts))
+        return ""
 
     def _watch(self) -> None:
         while not self._stop.wait(_POLL_S):
+            if self._pending.is_set() and not self._waiting_for():
+                self._pending.clear()
+                self.collect("SIGUSR1 to the launcher, served once every rank reached hvd.init()")
             request = self.store.get((STORE_SCOPE, "request"))
             if request is not None and request != self._seen_request \
                     and time.monotonic() - self._last_collect >= REQUEST_QUIET_S:
@@ -127,6 +174,10 @@ class HangWatch:
             try:
                 lines = report(self.directory)
             except DumpDirectoryError:
+                if announce:   # asked for: never silence
+                    logger.warning("no rank wrote a flight-recorder dump after %s (%d announced at init(), none "
+                                   "answered within %.0f s); nothing to diagnose", reason, len(pids),
+                                   COLLECT_TIMEOUT_S)
                 return ""   # nothing dumped (a job that failed before init): nothing to say
             except (OSError, ValueError, KeyError) as exc:
                 lines = [f"Horovod doctor: no verdict ({exc!r})"]
@@ -189,5 +240,5 @@ def request_dump(launcher_pid: int) -> int:
         print(f"horovodrun: error: cannot signal pid {launcher_pid}: {exc}", file=sys.stderr)
         return 2
     print(f"horovodrun: asked horovodrun (pid {launcher_pid}) to collect its ranks' hang dumps; its output shows the "
-          f"verdict within {COLLECT_TIMEOUT_S:.0f} s")
+          f"verdict within {COLLECT_TIMEOUT_S:.0f} s, or why it cannot give one yet")
     return 0

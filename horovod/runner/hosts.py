@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 
 @dataclass(frozen=True)
@@ -237,3 +237,32 @@ def parse_nics(value: Union[None, str, Sequence[str]]) -> List[str]:
         if item and item not in out:
             out.append(item)
     return out
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"``."""
+    parts: List[str] = []
+    start = prev = None
+    for r in sorted(ranks):
+        if start is not None and prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+        start = prev = r
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ",".join(parts)
+
+
+def placement_text(slots: Sequence[SlotInfo]) -> str:
+    """Where a job's processes run, for the launcher's first line: ``2 processes on localhost``, or per host
+    ``4 processes on 2 hosts: hostA (ranks 0-1), hostB (ranks 2-3)``."""
+    by_host: Dict[str, List[int]] = {}
+    for slot in slots:
+        by_host.setdefault(slot.hostname, []).append(slot.rank)
+    count = f"{len(slots)} process{'es' if len(slots) != 1 else ''}"
+    if len(by_host) == 1:
+        return f"{count} on {next(iter(by_host))}"
+    hosts = ", ".join(f"{host} (rank{'s' if len(r) > 1 else ''} {rank_ranges(r)})" for host, r in by_host.items())
+    return f"{count} on {len(by_host)} hosts: {hosts}"

@@ -24,8 +24,9 @@ from typing import Any, Callable, Dict, Mapping, NoReturn, Optional, Sequence
 
 from horovod.runner import cli, config_file
 from horovod.runner.cli import DEFAULT_START_TIMEOUT, start_timeout  # noqa: F401  (part of this module's API)
+from horovod.runner.doctor_watch import STARTING, UNDER_MPIRUN, NotServing
 from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerStartError
-from horovod.runner.hosts import resolve_hosts
+from horovod.runner.hosts import get_host_assignments, placement_text, resolve_hosts
 from horovod.runner.job import JobSettings, run_gloo_job
 from horovod.runner.mpi_job import mpi_available, run_mpi_job, spans_several_hosts
 
@@ -59,6 +60,12 @@ def _framework_available(module: str) -> bool:
     return module_installed(module)
 
 
+#: Every binding, as ``--check-build`` lists it: (name shown, the module whose presence makes it usable).  The
+#: original's three first, in its order; horovod.keras / horovod.tensorflow.keras come with TensorFlow.
+FRAMEWORKS = (("TensorFlow", "tensorflow"), ("PyTorch", "torch"), ("MXNet", "mxnet"), ("JAX", "jax"),
+              ("NumPy", "numpy"))
+
+
 def check_build_text() -> str:
     """What ``horovodrun --check-build`` prints: the truth about this installation."""
     from horovod.version import __version__
@@ -67,8 +74,10 @@ def check_build_text() -> str:
         return "[X]" if ok else "[ ]"
 
     mpi = _framework_available("mpi4py")
-    lines = [f"Horovod v{__version__}:", "", "Available Frameworks:"]
-    for name, module in (("TensorFlow", "tensorflow"), ("PyTorch", "torch"), ("MXNet", "mxnet")):
+    # The original's first line, then this installation's own version (0.28.1 scripts matched the line's start).
+    lines = [f"Horovod v{__version__} ({cli.DISTRIBUTION} {cli.distribution_version()}):", "",
+             "Available Frameworks:"]
+    for name, module in FRAMEWORKS:
         lines.append(f"    {mark(_framework_available(module))} {name}")
     lines += ["", "Available Controllers:", f"    {mark(mpi)} MPI", f"    {mark(True)} Gloo", "",
               "Available Tensor Operations:"]
@@ -144,9 +153,18 @@ def job_settings(args: Any, command: Any, parent_env: Mapping[str, str]) -> JobS
     )
 
 
+def announce(settings: JobSettings, how: str = "") -> None:
+    """Say on standard error, before anything starts, how many processes the job runs and where (the first thing a
+    user sees while the workers import their frameworks)."""
+    slots = get_host_assignments(settings.hosts, settings.num_proc)
+    print(f"horovodrun: starting {placement_text(slots)}{how}", file=sys.stderr, flush=True)
+
+
 def run_gloo(args: Any, parent_env: Mapping[str, str]) -> None:
     """Run ``args.command`` as a static job with the built-in controller on this machine."""
-    run_gloo_job(job_settings(args, list(args.command), parent_env), parent_env)
+    settings = job_settings(args, list(args.command), parent_env)
+    announce(settings)
+    run_gloo_job(settings, parent_env)
 
 
 def run_elastic(args: Any, parent_env: Mapping[str, str]) -> None:
@@ -158,7 +176,9 @@ def run_elastic(args: Any, parent_env: Mapping[str, str]) -> None:
 
 def run_mpi(args: Any, parent_env: Mapping[str, str]) -> None:
     """Run ``args.command`` as a static job under ``mpirun``."""
-    run_mpi_job(job_settings(args, list(args.command), parent_env), parent_env)
+    settings = job_settings(args, list(args.command), parent_env)
+    announce(settings, " under mpirun")
+    run_mpi_job(settings, parent_env)
 
 
 def run_jsrun(args: Any, parent_env: Mapping[str, str]) -> None:
@@ -210,11 +230,17 @@ def _configure_logging(verbose: bool) -> None:
     root.setLevel(logging.INFO if verbose else logging.WARNING)
 
 
+#: The launcher's ``SIGUSR1`` handler until a job's hang watch takes over (``--dump-flight-recorder``).
+_DUMP_PLACEHOLDER = NotServing(STARTING)
+
+
 def _run(args: argparse.Namespace, parent_env: Mapping[str, str]) -> int:
     mode = launch_mode(args)
     runner = JOB_RUNNERS.get(mode)
     if runner is None:
         _not_available(mode, args)
+    if mode == "mpi":
+        _DUMP_PLACEHOLDER.why = UNDER_MPIRUN
     runner(args, parent_env)
     return 0
 
@@ -246,6 +272,9 @@ def run_commandline(argv: Optional[Sequence[str]] = None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) is not signal.SIG_IGN:   # respect nohup / background-job ignores
                 previous[sig] = signal.signal(sig, guard)
+        if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+            # A dump request must never kill the launcher (SIGUSR1's default action) or go unanswered.
+            previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, _DUMP_PLACEHOLDER)
     try:
         code = _run(args, parent_env)
     except (LaunchNotAvailableError, ValueError) as exc:

@@ -38,6 +38,7 @@ from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerE
 from horovod.runner.hosts import HostInfo, get_host_assignments
 from horovod.runner.job import JobSettings, remote_plan
 from horovod.runner.output import prefix, rank_dir
+from horovod.runner.threads import set_worker_threads
 from horovod.transport.rendezvous import MemoryStore, RendezvousServer
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,33 @@ def mpi_env(parent_env: Mapping[str, str], settings: JobSettings) -> Dict[str, s
     if settings.nics:
         env["HOROVOD_GLOO_IFACE"] = settings.nics[0]
         env["NCCL_SOCKET_IFNAME"] = ",".join(settings.nics)
+    if mpi_binds(settings.binding_args) and "HOROVOD_BIND_CORES" not in env:
+        env["HOROVOD_BIND_CORES"] = "0"   # the user asked mpirun to bind: it does, the workers do not too
+    try:
+        busiest = max(s.local_size for s in get_host_assignments(settings.hosts, settings.num_proc))
+    except ValueError:
+        busiest = 0   # a bad host list: run_mpi_job reports it
+    if busiest:
+        # The same defaults as the built-in launcher's workers (one environment for every rank: mpirun exports it
+        # to all hosts, so the busiest host's share); each worker binds itself to its share on its own host, from
+        # the local rank mpirun gives it.
+        set_worker_threads(env, busiest)
     return env
+
+
+def mpi_binds(binding_args: Optional[str]) -> bool:
+    """Whether ``--binding-args`` asks mpirun to bind processes (``--bind-to core`` ...; not ``--bind-to none``)."""
+    if not binding_args:
+        return False
+    words = shlex.split(binding_args)
+    for i, word in enumerate(words):
+        name, _, value = word.partition("=")
+        if name.lstrip("-") in ("bind-to", "bind_to", "bind-to-core", "bind-to-socket", "binding"):
+            if name.lstrip("-").startswith("bind-to-"):
+                return True
+            value = value or (words[i + 1] if i + 1 < len(words) else "")
+            return value.lower() != "none"
+    return False
 
 
 def exported_names(env: Mapping[str, str]) -> List[str]:
@@ -372,4 +399,4 @@ def run_mpi_job(settings: JobSettings, parent_env: Mapping[str, str],
 
 
 __all__ = ["run_mpi_job", "MpiRunError", "MpiOutput", "mpi_available", "spans_several_hosts", "mpi_env",
-           "exported_names", "describe_failure", "ssh_mpi_args"]
+           "exported_names", "describe_failure", "ssh_mpi_args", "mpi_binds"]

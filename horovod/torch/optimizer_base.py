@@ -36,8 +36,9 @@ def _find_duplicates(names: Sequence[str]) -> List[str]:
 
 if TYPE_CHECKING:
     # The mixin is only ever used as the first base of a class built over the wrapped optimizer's class
-    # (optimizer._distributed_class): type-check it as the torch optimizer it extends.
-    _OptimizerBase = torch.optim.Optimizer
+    # (optimizer._distributed_class): type-check it as the torch optimizer it extends.  Imported by name (not an
+    # alias of torch.optim.Optimizer) so that mypy without torch installed sees a base of type Any, not a variable.
+    from torch.optim import Optimizer as _OptimizerBase
 else:
     _OptimizerBase = object
 

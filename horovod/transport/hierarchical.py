@@ -13,6 +13,7 @@ subgroups, use the flat TCP mesh.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -30,6 +31,23 @@ def host_groups(hostnames: Sequence[str]) -> List[List[int]]:
     for rank, host in enumerate(hostnames):
         groups.setdefault(host, []).append(rank)
     return list(groups.values())
+
+
+def node_key(hostname: str) -> str:
+    """Which ranks can share memory: the launcher's host name for this rank, and this kernel's boot id and network
+    namespace (the shared-memory transport meets its local ranks on abstract Unix sockets, which are per network
+    namespace).  The host name alone is not enough: under mpirun no launcher sets ``HOROVOD_HOSTNAME``, so every rank
+    said ``localhost`` and ranks on different hosts formed one shared-memory group that could never connect."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    try:
+        net = os.readlink("/proc/self/ns/net")
+    except OSError:
+        net = ""
+    return f"{hostname}|{boot}|{net}"
 
 
 def even_counts(n: int, parts: int) -> List[int]:
@@ -157,7 +175,7 @@ def create_hierarchical(boot: Bootstrap) -> Transport:
                                 store=boot.store, secret=boot.secret, bind_addr=boot.bind_addr, timeout=boot.timeout,
                                 scope=boot.scope + "-tcp", options=boot.options))
     try:
-        boot.store.put(boot.scope + "-hosts", str(boot.rank), boot.hostname.encode())
+        boot.store.put(boot.scope + "-hosts", str(boot.rank), node_key(boot.hostname).encode())
         hostnames = [boot.store.get(boot.scope + "-hosts", str(r), timeout=boot.timeout).decode()
                      for r in range(boot.size)]
         groups = host_groups(hostnames)

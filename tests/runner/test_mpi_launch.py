@@ -117,6 +117,22 @@ def test_environment_of_the_ranks():
     assert not {"OMPI_COMM_WORLD_RANK", "BASH_FUNC_x%%", "PWD"} & set(names)
 
 
+def test_mpi_ranks_get_the_builtin_launchers_thread_and_binding_defaults():
+    from horovod.runner.threads import default_omp_threads
+
+    settings = JobSettings(num_proc=3, hosts=[HostInfo("localhost", 2), HostInfo("far", 1)], command=["x"])
+    env = mpi_job.mpi_env({"PATH": "/bin"}, settings)
+    # one environment for every rank: the busiest host's share
+    assert env["OMP_NUM_THREADS"] == str(default_omp_threads(2)) and env["HOROVOD_BIND_CORES"] == "1"
+    assert {"OMP_NUM_THREADS", "HOROVOD_BIND_CORES"} <= set(mpi_job.exported_names(env))
+    mine = mpi_job.mpi_env({"OMP_NUM_THREADS": "7", "HOROVOD_BIND_CORES": "0"}, settings)
+    assert (mine["OMP_NUM_THREADS"], mine["HOROVOD_BIND_CORES"]) == ("7", "0")   # the user's values win
+    settings.binding_args = "--bind-to core --map-by slot"   # mpirun binds: the workers do not bind again
+    assert mpi_job.mpi_env({}, settings)["HOROVOD_BIND_CORES"] == "0"
+    assert [mpi_job.mpi_binds(a) for a in ("-bind-to none", "--bind-to=socket", "-bind-to core", None, "-x A")] == [
+        False, True, True, False, False]
+
+
 def test_ssh_arguments_for_open_mpi():
     assert mpi_job.ssh_mpi_args(OMPI5, 2222, "/k", None) == [
         "--mca", "plm_ssh_args", "-p 2222 -i /k -o BatchMode=yes -o StrictHostKeyChecking=no"]
@@ -151,6 +167,34 @@ def test_numpy_example_under_mpirun():
     assert [line.split(" sum=")[0] for line in lines] == ["[0]<stdout>:rank 0/2 (local 0/2):",
                                                           "[1]<stdout>:rank 1/2 (local 1/2):"]
     assert all("sum=[1.0, 3.0, 5.0, 7.0] avg=[0.5, 1.5, 2.5, 3.5]" in line for line in lines)
+
+
+BINDING_WORKER = """
+import os
+import horovod.numpy as hvd
+hvd.init()
+print("PLACED", hvd.local_rank(), os.environ.get("OMP_NUM_THREADS"),
+      ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
+hvd.shutdown()
+"""
+
+
+@needs_mpi
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding needs at least 2 cores")
+def test_mpi_workers_get_threads_and_core_binding_as_under_gloo(script):
+    """README: every worker gets OMP_NUM_THREADS and its share of the cores; under --mpi they once got neither."""
+    from horovod.runner.threads import default_omp_threads
+    from horovod.transport.cpus import share_of
+
+    cpus = sorted(os.sched_getaffinity(0))
+    proc = _hvdrun(["--mpi", "-np", "2", sys.executable, script(BINDING_WORKER)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    placed = {int(m[0]): (m[1], [int(c) for c in m[2].split(",")])
+              for m in re.findall(r"<stdout>:PLACED (\d) (\S+) (\S+)", proc.stdout)}
+    share = str(default_omp_threads(2))
+    assert placed == {0: (share, share_of(cpus, 0, 2)), 1: (share, share_of(cpus, 1, 2))}, proc.stdout
+    assert "horovodrun: starting 2 processes on localhost under mpirun" in proc.stderr, proc.stderr
+    assert proc.stderr.count("Setting OMP_NUM_THREADS") == 1, proc.stderr
 
 
 @needs_mpi

@@ -465,22 +465,41 @@ def test_check_build_is_truthful(hvdrun):
     def mark(ok):
         return "[X]" if ok else "[ ]"
 
-    have = {m: module_installed(m) for m in ("tensorflow", "torch", "mxnet", "mpi4py")}
+    have = {m: module_installed(m) for m in ("tensorflow", "torch", "mxnet", "jax", "mpi4py")}
     out = result.stdout
-    assert out.startswith("Horovod v0.28.1:")
+    # The original's first line still starts it; the installation's own version follows (from its metadata).
+    assert out.startswith(f"Horovod v0.28.1 (horovod-next {_installed_version()}):"), out
     frameworks = out.split("Available Frameworks:")[1].split("Available Controllers:")[0]
     controllers = out.split("Available Controllers:")[1].split("Available Tensor Operations:")[0]
     ops = out.split("Available Tensor Operations:")[1]
     assert f"{mark(have['tensorflow'])} TensorFlow" in frameworks
     assert f"{mark(have['torch'])} PyTorch" in frameworks
     assert f"{mark(have['mxnet'])} MXNet" in frameworks
+    assert f"{mark(have['jax'])} JAX" in frameworks and "[X] NumPy" in frameworks   # every binding is listed
     assert f"{mark(have['mpi4py'])} MPI" in controllers and "[X] Gloo" in controllers
     assert "[ ] NCCL" in ops and f"{mark(have['mpi4py'])} MPI" in ops and "[X] Gloo" in ops
 
 
+def _installed_version():
+    from importlib import metadata
+
+    try:
+        return metadata.version("horovod-next")
+    except metadata.PackageNotFoundError:
+        pytest.skip("horovod-next is not installed (pip install -e .): no package metadata to read the version from")
+
+
 def test_version(hvdrun):
-    result = hvdrun(["--version"])
-    assert (result.returncode, result.stdout.strip()) == (0, "0.28.1")
+    """The distribution's own version first, then the Horovod API it implements (what 0.28.1 printed alone)."""
+    import horovod
+
+    for flag in ("--version", "-v"):
+        result = hvdrun([flag])
+        assert (result.returncode, result.stdout.strip()) == (
+            0, f"horovod-next {_installed_version()} (Horovod {horovod.__version__} API)"), result.stdout
+    assert horovod.__version__ == "0.28.1"   # the API version scripts compare against stays the original's
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"`horovod-next {_installed_version()} (Horovod 0.28.1 API)`" in readme, "README shows another version"
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -508,3 +527,45 @@ def test_console_script(tmp_path):
                             text=True, timeout=CALL_TIMEOUT_S, env=child_env(), stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[0]<stdout>:rank 0", "[1]<stdout>:rank 1"]
+
+
+VANISHING_WORKER = """
+import os
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+hvd.allreduce(np.ones(4, np.float32), name="warmup")
+if hvd.rank() == 1:
+    os._exit(0)   # gone without a word, and with status 0: the launcher's headline is rank 0's error
+hvd.allreduce(np.ones(4, np.float32), name="after")
+"""
+
+
+def test_a_vanished_peer_is_reported_once_not_twice(hvdrun, script):
+    """The survivor's error used to say the same sentence twice: 'rank 1 closed its control connection (the process
+    exited or crashed): rank 1 closed the control connection (the process exited or crashed).'"""
+    result = hvdrun(["-np", "2", "python", script(VANISHING_WORKER)], env=child_env(HOROVOD_TRANSPORT="tcp"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "closed its control connection" in line]
+    assert lines, result.stderr[-3000:]
+    for line in lines:
+        assert line.count("closed") == 1 and line.count("exited or crashed") == 1, line
+        assert "rank 1" in line, line
+
+
+def test_the_launcher_says_what_it_starts_and_where(hvdrun):
+    """Before the workers' (often long) imports: how many processes, on which hosts, which ranks each."""
+    one = hvdrun(["-np", "2", "true"])
+    assert one.returncode == 0, one.stderr
+    assert one.stderr.splitlines()[0] == "horovodrun: starting 2 processes on localhost", one.stderr
+    two = hvdrun(["-np", "3", "-H", "localhost:2,127.0.0.1:1", "true"])
+    assert two.returncode == 0, two.stderr
+    assert "horovodrun: starting 3 processes on 2 hosts: localhost (ranks 0-1), 127.0.0.1 (rank 2)" in two.stderr
+
+
+def test_placement_text_names_every_hosts_ranks():
+    from horovod.runner.hosts import HostInfo, get_host_assignments, placement_text
+
+    slots = get_host_assignments([HostInfo("a", 3), HostInfo("b", 1), HostInfo("c", 2)], 5)
+    assert placement_text(slots) == "5 processes on 3 hosts: a (ranks 0-2), b (rank 3), c (rank 4)"
+    assert placement_text(get_host_assignments([HostInfo("localhost", 4)], 1)) == "1 process on localhost"

@@ -540,6 +540,56 @@ def test_hvd_init_under_mpirun_across_two_hosts(cluster, cluster_home):
         f"[{r}]<stdout>:rank {r}/4 (local {r % 2}/2): sum=[6.0, 10.0, 14.0, 18.0]" for r in range(4)]
 
 
+# The hierarchical transport's three steps (shared memory in each host, TCP across) on an array large enough to take
+# them, checked against numpy; and which ranks it grouped as one host.
+HIERARCHICAL_WORKER = r"""
+import numpy as np
+import horovod.numpy as hvd
+from horovod.common import basics
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+world = basics.runtime().world
+x = np.arange(100_000, dtype=np.float64) * (rank + 1)
+total = hvd.allreduce(x, op=hvd.Sum, name="big")
+ok = np.allclose(total, np.arange(100_000, dtype=np.float64) * sum(r + 1 for r in range(size)))
+print(f"HIER rank={rank} transport={basics.runtime().transport_name} ok={ok} "
+      f"groups={'|'.join(','.join(map(str, g)) for g in world.groups)}", flush=True)
+hvd.shutdown()
+"""
+
+
+def test_shared_memory_groups_need_the_same_network_namespace():
+    """The hierarchical transport's node key: the launcher's host name is not enough (under mpirun every rank says
+    'localhost'); a rank in another network namespace (another host, or a container) is never in this shm group."""
+    import shutil
+
+    from horovod.transport.hierarchical import node_key
+
+    assert node_key("localhost") == node_key("localhost") != node_key("hostB")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a new network namespace needs root and unshare")
+    probe = [sys.executable, "-c", "from horovod.transport.hierarchical import node_key; print(node_key('localhost'))"]
+    other = subprocess.run(["unshare", "--net", *probe], capture_output=True, text=True, timeout=60,
+                           env=child_env(), cwd=str(REPO))
+    if other.returncode != 0:
+        pytest.skip(f"unshare --net is not permitted here: {other.stderr.strip()}")
+    assert other.stdout.strip() != node_key("localhost"), other.stdout
+
+
+@pytest.mark.skipif(not _have_mpi(), reason="mpirun and mpi4py are not installed")
+def test_hierarchical_transport_under_the_mpirun_horovodrun_chose(cluster, cluster_home, script):
+    """No --mpi: across hosts horovodrun picks mpirun; ranks 2 and 3 (hostB) once died with 'shm transport: could not
+    connect to local rank 0': under mpirun every rank was on host 'localhost', so all four formed one shared-memory
+    group across the two hosts."""
+    proc = _horovodrun(cluster, cluster_home, ["-np", "4", "-H", "hostA:2,hostB:2", "--transport", "hierarchical",
+                                               *cluster.ssh_flags(), sys.executable, script(HIERARCHICAL_WORKER)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "under mpirun" in proc.stderr, proc.stderr   # horovodrun chose mpirun by itself
+    found = sorted(line.split("<stdout>:", 1)[1] for line in proc.stdout.splitlines() if "<stdout>:HIER " in line)
+    assert found == [f"HIER rank={r} transport=hierarchical ok=True groups=0,1|2,3" for r in range(4)], proc.stdout
+
+
 PID_WORKER = """
 import os, sys, time
 path = os.path.join(sys.argv[1], "pid." + os.environ["HOROVOD_RANK"])

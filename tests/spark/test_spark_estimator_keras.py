@@ -11,6 +11,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 keras = pytest.importorskip("keras")
 pytest.importorskip("tensorflow")
 pytest.importorskip("sklearn")
+pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow (pip install 'horovod-next[spark]')")
 
 from horovod.spark.common.store import Store  # noqa: E402
 from horovod.spark.keras import KerasEstimator, KerasModel  # noqa: E402

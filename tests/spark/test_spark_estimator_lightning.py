@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning")
 pytest.importorskip("sklearn")
+pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow (pip install 'horovod-next[spark]')")
 
 import cloudpickle  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

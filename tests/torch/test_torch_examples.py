@@ -26,7 +26,7 @@ def _horovodrun(script: str, *args: str, np_: int = 2) -> str:
 
 def test_train_digits_loss_falls():
     out = _horovodrun("train_digits.py", "--epochs", "5")
-    epochs = re.findall(r"epoch (\d+): loss ([0-9.]+), test accuracy ([0-9.]+)", out)
+    epochs = re.findall(r"epoch (\d+): loss ([0-9.]+), test accuracy ([0-9.]+), [0-9.]+ s, [0-9]+ samples/s", out)
     assert [int(e) for e, _, _ in epochs] == [1, 2, 3, 4, 5], out
     losses = [float(loss) for _, loss, _ in epochs]
     assert losses[-1] < 0.5 * losses[0], losses
