@@ -24,7 +24,7 @@ import venv
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FRAMEWORK_FOLDERS = ("torch", "tensorflow", "keras", "jax", "mxnet", "ray", "spark")
+FRAMEWORK_FOLDERS = ("torch", "tensorflow", "keras", "jax", "mxnet", "ray", "spark", "lightning")
 # A fresh venv and an install: tens of seconds, so not in the fast tier. bin/python: the venv layout on Linux (CI).
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="Linux venv layout")]
 FRAMEWORKS = ("torch", "tensorflow", "jax", "mxnet", "ray", "pyspark", "pyarrow", "mpi4py")
