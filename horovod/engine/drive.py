@@ -86,7 +86,11 @@ class Driver:
             return
         try:
             while not handle.done():
-                wait = self.select_timeout()
+                try:
+                    wait = self.select_timeout()
+                except Exception as exc:   # a bug in the driver fails the engine loudly, not the caller alone
+                    self._crash(exc)
+                    return
                 if deadline is not None:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -186,9 +190,12 @@ class Driver:
         except (PeerError, TransportError, OSError) as exc:
             self.teardown.die_of_peer_failure(exc)
         except BaseException as exc:  # a bug must fail the handles loudly, not hang them
-            logger.exception("horovod progress engine crashed")
-            self.teardown.die(HorovodInternalError(f"Horovod background thread crashed: {exc!r}"), notify=True)
+            self._crash(exc)
         return False
+
+    def _crash(self, exc: BaseException) -> None:
+        logger.exception("horovod progress engine crashed")
+        self.teardown.die(HorovodInternalError(f"Horovod background thread crashed: {exc!r}"), notify=True)
 
     def _step(self, timeout: Optional[float], spin: bool = False) -> bool:
         """Wait up to ``timeout`` for control traffic, then negotiate and execute what is ready."""
