@@ -15,6 +15,8 @@ Training stops once ``ELASTIC_TEST_STOP`` exists (rank 0 decides and tells the o
 ``ELASTIC_TEST_MIN_STEPS`` steps were made (job_worker.py: the settings, the log and the gradient every
 worker script of ElasticJob shares).  ``ELASTIC_TEST_FAULTS`` is a JSON list of
 ``{"id": worker id, "step": s}``: that worker raises once when it reaches step ``s`` (before committing it).
+``ELASTIC_TEST_DIE_AFTER_ASSIGNMENT`` is ``{"id": worker id, "epoch": e}``: that worker's process exits (status
+3, as a crash would) the moment ``init()`` hands it its rank in epoch ``e`` or later, before it connects to anyone.
 """
 from __future__ import annotations
 
@@ -31,6 +33,23 @@ from horovod.common.elastic import ObjectState, default_reset, run_fn
 from job_worker import LR, STOP, WID, STEP_DELAY, crashes_logged, grad, log, stop_requested
 
 FAULTS = json.loads(os.environ.get("ELASTIC_TEST_FAULTS", "[]"))
+DIE_AFTER_ASSIGNMENT = json.loads(os.environ.get("ELASTIC_TEST_DIE_AFTER_ASSIGNMENT", "null"))
+
+
+def die_after_assignment() -> None:
+    """Make this process exit right after it receives its rank in the chosen epoch (a death inside a reset)."""
+    from horovod.engine import bootstrap
+
+    join = bootstrap._join_elastic_epoch
+
+    def join_then_die(*args, **kwargs):
+        config, assignment = join(*args, **kwargs)
+        if assignment.epoch >= DIE_AFTER_ASSIGNMENT["epoch"]:
+            log(ev="dies_after_assignment", epoch=assignment.epoch, rank=assignment.rank, pid=os.getpid())
+            os._exit(3)
+        return config, assignment
+
+    bootstrap._join_elastic_epoch = join_then_die
 
 
 def maybe_fail(step: int) -> None:
@@ -46,6 +65,8 @@ def epoch() -> int:
     return basics.runtime().epoch.epoch
 
 
+if DIE_AFTER_ASSIGNMENT and DIE_AFTER_ASSIGNMENT["id"] == WID:
+    die_after_assignment()
 with crashes_logged():   # a worker failing before it trained: say why
     hvd.init()
 log(ev="start", pid=os.getpid(), uname=socket.gethostname())
