@@ -16,7 +16,8 @@ Training stops once ``ELASTIC_TEST_STOP`` exists (rank 0 decides and tells the o
 worker script of ElasticJob shares).  ``ELASTIC_TEST_FAULTS`` is a JSON list of
 ``{"id": worker id, "step": s}``: that worker raises once when it reaches step ``s`` (before committing it).
 ``ELASTIC_TEST_DIE_AFTER_ASSIGNMENT`` is ``{"id": worker id, "epoch": e}``: that worker's process exits (status
-3, as a crash would) the moment ``init()`` hands it its rank in epoch ``e`` or later, before it connects to anyone.
+3, as a crash would) the moment ``init()`` hands it its rank in epoch ``e`` or later, before it connects to anyone
+(once: a process started later in the same slot lives).
 """
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def die_after_assignment() -> None:
 
     def join_then_die(*args, **kwargs):
         config, assignment = join(*args, **kwargs)
-        if assignment.epoch >= DIE_AFTER_ASSIGNMENT["epoch"]:
+        marker = f"{STOP}.died.{WID}"   # once: a replacement in the same slot lives
+        if assignment.epoch >= DIE_AFTER_ASSIGNMENT["epoch"] and not os.path.exists(marker):
+            open(marker, "w").close()
             log(ev="dies_after_assignment", epoch=assignment.epoch, rank=assignment.rank, pid=os.getpid())
             os._exit(3)
         return config, assignment
