@@ -17,7 +17,8 @@ worker script of ElasticJob shares).  ``ELASTIC_TEST_FAULTS`` is a JSON list of
 ``{"id": worker id, "step": s}``: that worker raises once when it reaches step ``s`` (before committing it).
 ``ELASTIC_TEST_DIE_AFTER_ASSIGNMENT`` is ``{"id": worker id, "epoch": e}``: that worker's process exits (status
 3, as a crash would) the moment ``init()`` hands it its rank in epoch ``e`` or later, before it connects to anyone
-(once: a process started later in the same slot lives).
+(once: a process started later in the same slot lives); with ``"stage": "connected"``, once it has connected to
+the coordinator instead (its death then breaks the others' handshakes rather than leaving them waiting).
 """
 from __future__ import annotations
 
@@ -38,21 +39,36 @@ DIE_AFTER_ASSIGNMENT = json.loads(os.environ.get("ELASTIC_TEST_DIE_AFTER_ASSIGNM
 
 
 def die_after_assignment() -> None:
-    """Make this process exit right after it receives its rank in the chosen epoch (a death inside a reset)."""
-    from horovod.engine import bootstrap
+    """Make this process exit right after it receives its rank in the chosen epoch (a death inside a reset): at
+    once (``"stage": "assigned"``, the default), or once it has connected to the coordinator (``"connected"``)."""
+    from horovod.engine import bootstrap, controller
 
     join = bootstrap._join_elastic_epoch
+    connect = controller.ControlPlane.connect.__func__
+    chosen = {"epoch": None}
+
+    def die(epoch: int) -> None:
+        marker = f"{STOP}.died.{WID}"   # once: a replacement in the same slot lives
+        if epoch >= DIE_AFTER_ASSIGNMENT["epoch"] and not os.path.exists(marker):
+            open(marker, "w").close()
+            log(ev="dies_after_assignment", epoch=epoch, pid=os.getpid())
+            os._exit(3)
 
     def join_then_die(*args, **kwargs):
         config, assignment = join(*args, **kwargs)
-        marker = f"{STOP}.died.{WID}"   # once: a replacement in the same slot lives
-        if assignment.epoch >= DIE_AFTER_ASSIGNMENT["epoch"] and not os.path.exists(marker):
-            open(marker, "w").close()
-            log(ev="dies_after_assignment", epoch=assignment.epoch, rank=assignment.rank, pid=os.getpid())
-            os._exit(3)
+        chosen["epoch"] = assignment.epoch
+        if DIE_AFTER_ASSIGNMENT.get("stage", "assigned") == "assigned":
+            die(assignment.epoch)
         return config, assignment
 
+    def connect_then_die(cls, *args, **kwargs):
+        plane = connect(cls, *args, **kwargs)
+        if DIE_AFTER_ASSIGNMENT.get("stage") == "connected" and chosen["epoch"] is not None:
+            die(chosen["epoch"])
+        return plane
+
     bootstrap._join_elastic_epoch = join_then_die
+    controller.ControlPlane.connect = classmethod(connect_then_die)
 
 
 def maybe_fail(step: int) -> None:

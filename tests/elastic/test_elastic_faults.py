@@ -213,15 +213,18 @@ def test_a_frozen_worker_is_stopped_and_replaced_instead_of_holding_up_the_reset
     assert took < 3 + BLAMED_RANK_GRACE_SECONDS + 40
 
 
-@pytest.mark.parametrize("one_host", [False, True], ids=["three-hosts", "one-host"])
-def test_a_worker_dying_inside_a_reset_does_not_stall_the_job(elastic_job, one_host):
+@pytest.mark.parametrize("one_host,stage", [(False, "assigned"), (True, "assigned"), (False, "connected")],
+                         ids=["three-hosts", "one-host", "three-hosts-after-connecting"])
+def test_a_worker_dying_inside_a_reset_does_not_stall_the_job(elastic_job, one_host, stage):
     """Issue 38 E1: a worker that dies after receiving its rank in the epoch being formed.  Before, the others
     waited for it until the init timeout (120 s) and the newcomer whose arrival caused the reset failed its first
     init() ("rank 0 did not publish its address") and had its host blacklisted.  Now the driver abandons the epoch
     when the member exits, the others stop waiting and the next epoch follows; every healthy host is kept.
 
     Three host names (the hierarchical data plane): the dying worker's host had only it and is blacklisted.  One
-    host (shared memory): the dying worker is replaced in its slot and the job grows to three."""
+    host (shared memory): the dying worker is replaced in its slot and the job grows to three.  The worker dies
+    as soon as it holds its rank, or once it has connected to the coordinator (then its death breaks the others'
+    connections instead of leaving them waiting: a newcomer failing so retries too)."""
     import json
 
     third = third_host()
@@ -232,7 +235,7 @@ def test_a_worker_dying_inside_a_reset_does_not_stall_the_job(elastic_job, one_h
     after = [f"{H1}:3"] if one_host else [f"{H1}:1", f"{H2}:1", f"{third}:1"]
     newcomer = f"{H1}:2" if one_host else f"{third}:0"
     job = elastic_job(before, ["-np", "2", "--min-np", "1", "--max-np", "3"],
-                      env={"ELASTIC_TEST_DIE_AFTER_ASSIGNMENT": json.dumps({"id": dying, "epoch": 1}),
+                      env={"ELASTIC_TEST_DIE_AFTER_ASSIGNMENT": json.dumps({"id": dying, "epoch": 1, "stage": stage}),
                            "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"})
     job.wait_for_commits(3, size=2)
     job.set_hosts(after)                                        # a newcomer: every worker resets into epoch 1
