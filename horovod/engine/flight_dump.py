@@ -432,10 +432,14 @@ def collect_under_mpirun(runtime: Any, reason: str) -> None:
     server = getattr(runtime, "rendezvous_server", None)
     if runtime.rank != 0 or server is None:
         return
+    try:
+        where = directory(runtime.config)
+    except OSError as exc:   # not private (UnsafeDirectoryError) or not creatable: no collection, never a crash
+        logger.warning("Horovod doctor: no collection: %s", exc)
+        return
     busy = runtime.__dict__.setdefault("_mpirun_collecting", threading.Lock())
     if not busy.acquire(blocking=False):
         return   # a collection is running: it covers this request too
-    where = directory(runtime.config)
     generation = getattr(runtime, "flight_generation", None)
 
     def run() -> None:

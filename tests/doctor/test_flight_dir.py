@@ -93,3 +93,13 @@ def test_a_dump_never_lands_in_a_directory_someone_else_may_write(tmp_root):
         hvd.shutdown()
     assert path is not None and os.path.dirname(path) == f"{tmp_root / flight_dump.DEFAULT_DIR_NAME}-{os.getuid()}"
     assert not os.listdir(tmp_root / flight_dump.DEFAULT_DIR_NAME)
+
+
+def test_rank_0_under_mpirun_skips_the_collection_when_no_directory_is_private(tmp_root, caplog):
+    """Rank 0 collects on a stall from the engine's thread: an unsafe directory is said, never raised there."""
+    shared = tmp_root / flight_dump.DEFAULT_DIR_NAME
+    shared.mkdir(mode=0o777)
+    os.mkdir(f"{shared}-{os.getuid()}", 0o777)
+    runtime = SimpleNamespace(rank=0, rendezvous_server=object(), config=_config())
+    flight_dump.collect_under_mpirun(runtime, "stall warning")
+    assert "no collection" in caplog.text and "not private" in caplog.text
