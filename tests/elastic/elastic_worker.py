@@ -19,6 +19,8 @@ worker script of ElasticJob shares).  ``ELASTIC_TEST_FAULTS`` is a JSON list of
 3, as a crash would) the moment ``init()`` hands it its rank in epoch ``e`` or later, before it connects to anyone
 (once: a process started later in the same slot lives); with ``"stage": "connected"``, once it has connected to
 the coordinator instead (its death then breaks the others' handshakes rather than leaving them waiting).
+``ELASTIC_TEST_SLOW_RESTART`` is ``{"id": worker id, "seconds": s}``: every process started in that slot after the
+first sleeps ``s`` seconds before ``init()``.
 """
 from __future__ import annotations
 
@@ -84,6 +86,11 @@ def epoch() -> int:
     return basics.runtime().epoch.epoch
 
 
+SLOW_RESTART = json.loads(os.environ.get("ELASTIC_TEST_SLOW_RESTART", "null"))
+if SLOW_RESTART and SLOW_RESTART["id"] == WID:
+    if os.path.exists(f"{STOP}.started.{WID}"):
+        time.sleep(SLOW_RESTART["seconds"])   # a replacement that starts slowly (imports, a loaded host)
+    open(f"{STOP}.started.{WID}", "w").close()
 if DIE_AFTER_ASSIGNMENT and DIE_AFTER_ASSIGNMENT["id"] == WID:
     die_after_assignment()
 with crashes_logged():   # a worker failing before it trained: say why

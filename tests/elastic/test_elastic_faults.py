@@ -257,3 +257,24 @@ def test_a_worker_dying_inside_a_reset_does_not_stall_the_job(elastic_job, one_h
         assert f"blacklisting host {third}" not in err and f"blacklisting host {H1}" not in err, job.diagnose()
     starts = [e["id"] for e in job.events("start")]
     assert starts.count(newcomer) == 1, starts                  # the newcomer's first process joined: no failure
+
+
+def test_a_slow_replacement_is_not_taken_for_the_frozen_worker_it_replaces(elastic_job):
+    """A killed worker's slot gets a fresh process that takes longer than the frozen-worker grace to start (a
+    loaded host importing torch).  The others reported the dead rank; the driver must not stop the newcomer as
+    if it were that rank, frozen (which, before, also counted a failure against the host)."""
+    import json
+
+    from horovod.runner.exec import BLAMED_RANK_GRACE_SECONDS
+
+    job = elastic_job([f"{H1}:2"], ["-np", "2", "--min-np", "1"],
+                      env={"ELASTIC_TEST_SLOW_RESTART": json.dumps({"id": f"{H1}:1",
+                                                                    "seconds": BLAMED_RANK_GRACE_SECONDS + 5})})
+    job.wait_for_commits(3, size=2)
+    job.kill(f"{H1}:1")
+    job.wait_for("the slow replacement joins", joined(2, epoch_at_least=1), timeout=BLAMED_RANK_GRACE_SECONDS + 45)
+    job.wait_for_commits(3, size=2, min_epoch=1)
+    assert job.finish() == 0, job.diagnose()
+    check_training(job.events(), sizes=[2, 2], resets=1)
+    assert "has not rejoined" not in job.stderr(), job.diagnose()
+    assert [e["id"] for e in job.events("start")].count(f"{H1}:1") == 2, job.diagnose()

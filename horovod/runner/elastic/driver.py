@@ -326,6 +326,8 @@ class ElasticDriver:
             worker = self._workers.get(wid)
             if worker is None or not worker.running or worker.removed or self._idle(wid):
                 continue
+            if worker.last_epoch != self._epoch:
+                continue   # a fresh process already replaces the failed one in its slot: it is starting, not frozen
             others = [self._workers[m] for m in self._members if m != wid]
             if not all(self._idle(o.wid) or not o.running for o in others):
                 continue
