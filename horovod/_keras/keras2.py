@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+from horovod.common.elastic import register_distributed
 from horovod.tensorflow.bridge import not_converted
 from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from horovod.tensorflow.gradient_reducer import GradientReducer
@@ -45,6 +46,14 @@ class Keras2DistributedOptimizerMixin(KerasOptimizerBase):
                 backward_passes_per_step, reducer, average_aggregated_gradients=average_aggregated_gradients,
                 optimizer_type="keras", name="hvd")
         self._hvd = _Keras2State(reducer, aggregation)
+        register_distributed(self)
+
+    def _hvd_reset(self) -> None:
+        """Elastic reset: forget the gradients the compute methods reduced in a step that never reached
+        ``apply_gradients`` (the aggregation helper resets itself)."""
+        state = self.__dict__.get("_hvd")
+        if state is not None:
+            state.reduced.clear()
 
     def _hvd_state(self) -> _Keras2State:
         state = self.__dict__.get("_hvd")

@@ -14,11 +14,40 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Type
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 logger = logging.getLogger(__name__)
+
+# Distributed optimizers (and tapes) of every binding, by id: each has ``_hvd_reset()``, which drops what a step
+# broken by a failure left behind (pending handles, "synchronised" flags, pass counters).  Weak: registering never
+# keeps an optimizer alive.
+_distributed: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+
+
+def register_distributed(obj: Any) -> None:
+    """Have the elastic loop call ``obj._hvd_reset()`` at every reset (bindings register their optimizers)."""
+    try:
+        _distributed[id(obj)] = obj
+    except TypeError:   # an object that cannot be weakly referenced: its binding resets it another way
+        logger.debug("elastic: %s cannot be registered for resets (no weak references)", type(obj).__name__)
+
+
+def reset_distributed() -> None:
+    """Make every registered distributed optimizer as fresh as after construction.
+
+    A failure can strike in the middle of a step (a peer dies while this rank is inside ``loss.backward()``):
+    some gradients were handed to the engine, others not, and the engine that held them is gone.  Restoring the
+    committed state brings back weights and optimizer slots, but not that bookkeeping; left behind, the next
+    ``zero_grad()`` or backward pass would take the broken step for one still in progress.
+    """
+    for obj in list(_distributed.values()):
+        try:
+            obj._hvd_reset()
+        except Exception:  # noqa: BLE001 - one broken object must not keep the others stale
+            logger.exception("elastic: resetting %s after a failure failed", type(obj).__name__)
 
 
 def _settle_device_work() -> None:
@@ -198,9 +227,11 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
                 return func(state, *args, **kwargs)
             except HorovodInternalError as exc:
                 logger.warning("elastic: collective failed (%s); restoring the last commit", exc)
+                reset_distributed()
                 state.restore()
             except HostsUpdatedInterrupt:
                 logger.info("elastic: hosts changed; resetting with the current state")
+                reset_distributed()
             resets += 1
             _rejoin(reset)
             logger.info("elastic: reset %d done: rank %d of %d", resets, basics.rank(), basics.size())

@@ -61,10 +61,13 @@ def waiting(record: Dict[str, Any]) -> bool:
     return state in WAITING_STATES or (state == "failed" and str(record.get("error", "")).startswith("stall"))
 
 
-def user_frame(dump: Dict[str, Any]) -> Optional[Sequence[Any]]:
-    """The main thread's innermost frame in the user's code (``[file, line, function, code, library]``)."""
+def user_frame(dump: Dict[str, Any], record: Optional[Dict[str, Any]] = None) -> Optional[Sequence[Any]]:
+    """The innermost frame in the user's code (``[file, line, function, code, library]``) of the thread that issued
+    ``record`` (a collective: its ``thread``), else of the main thread."""
     threads = dump.get("threads") or []
-    main = next((t for t in threads if t.get("main")), None) or (threads[0] if threads else None)
+    ident = (record or {}).get("thread")
+    issuer = next((t for t in threads if ident is not None and t.get("ident") == ident and t.get("frames")), None)
+    main = issuer or next((t for t in threads if t.get("main")), None) or (threads[0] if threads else None)
     if not main or not main.get("frames"):
         return None
     frames = main["frames"]
@@ -74,9 +77,9 @@ def user_frame(dump: Dict[str, Any]) -> Optional[Sequence[Any]]:
     return frames[-1]
 
 
-def where(dump: Dict[str, Any]) -> str:
-    """``train.py:88 (`next(loader)`)``."""
-    frame = user_frame(dump)
+def where(dump: Dict[str, Any], record: Optional[Dict[str, Any]] = None) -> str:
+    """``train.py:88 (`next(loader)`)``: where the thread that issued ``record`` is (the main thread without one)."""
+    frame = user_frame(dump, record)
     if frame is None:
         return "an unknown place (no Python stack)"
     code = f" (`{frame[3]}`)" if frame[3] else ""
@@ -206,7 +209,7 @@ def diagnose(job: Job) -> List[str]:
         if any((c["process_set"], c["name"]) == key and waiting(c) for c in dump.get("collectives", [])):
             submitted.add(rank)
     missing = [r for r in members if r not in submitted]
-    wait_where = sorted({where(job.ranks[r]) for r in waiters})
+    wait_where = sorted({where(job.ranks[r], rec) for r, rec in waiters.items()})
     waiters_text = f"{ranks_text(waiters)} {_wait(waiters)} in it ({', '.join(wait_where)})"
     what = _describe(record)
     crossed: Dict[Key, List[int]] = {}   # missing ranks waiting in another collective, by that collective
@@ -238,7 +241,7 @@ def diagnose(job: Job) -> List[str]:
         first = _first_waiting(job.ranks[ranks[0]])
         assert first is not None   # crossed holds only ranks waiting in something
         own = first
-        other_where = ", ".join(sorted({where(job.ranks[r]) for r in ranks}))
+        other_where = ", ".join(sorted({where(job.ranks[r], _first_waiting(job.ranks[r])) for r in ranks}))
         if own["process_set"] != key[0] and own["kind"] == record["kind"]:
             findings.append(
                 f"process-set mismatch: {ranks_text(waiters)} issued {what} (collective #{record['seq']}) on "

@@ -11,7 +11,7 @@ import importlib
 import logging
 import secrets
 import socket
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 
 from horovod.engine import config as _config
@@ -89,8 +89,26 @@ class _MpiRendezvous:
         self.client = RendezvousClient(addr, port, secret)
 
 
+#: How many abandoned epochs in a row one ``init()`` of an elastic worker joins the next epoch after.
+ABANDONED_EPOCH_RETRIES = 20
+
+
 def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation: int = 0,
           mpi_comm=None) -> Runtime:
+    """Build and start the engine for this process (see :func:`_start`); an elastic worker whose epoch was
+    abandoned while it formed (a member exited) joins the driver's next epoch instead of failing."""
+    for attempt in range(ABANDONED_EPOCH_RETRIES + 1):
+        try:
+            return _start(config, process_sets, generation, mpi_comm)
+        except membership.EpochAbandoned as exc:
+            if attempt == ABANDONED_EPOCH_RETRIES:
+                raise
+            logger.warning("%s", exc)
+    raise AssertionError("unreachable")
+
+
+def _start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation: int = 0,
+           mpi_comm=None) -> Runtime:
     """Build and start the engine for this process.
 
     Args:
@@ -146,6 +164,8 @@ def start(config: Config, process_sets: Sequence[Sequence[int]] = (), generation
     epoch = None
     if config.elastic:
         config, epoch = _join_elastic_epoch(config, store, timeout)
+        # Waits end when the driver abandons the epoch; it quacks like the client (a wrapper, not a subclass).
+        store = cast(Any, membership.EpochStore(store, epoch.epoch))
         topo = config.topology
         rank, size = topo.rank, topo.size
         scope = f"e{epoch.epoch}"

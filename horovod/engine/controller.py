@@ -16,7 +16,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from horovod.engine.messages import ControlMessage
 from horovod.transport import sockets
@@ -62,7 +62,7 @@ class ControlPlane:
             store.put(scope, "coordinator", f"{host}:{port}".encode())
             try:
                 peers = cls._accept_all(size, [s for s in (listener, local) if s is not None], secret, timeout,
-                                        f"{host}:{port}")
+                                        f"{host}:{port}", getattr(store, "check_abandoned", None))
             except TimeoutError as exc:   # a rank refused by the store for its secret is named
                 raise TimeoutError(f"{exc}{auth_failure_note(store)}") from None
             finally:
@@ -75,8 +75,8 @@ class ControlPlane:
 
         def dial(seconds: float) -> socket.socket:
             conn = _connect_local(local, seconds)
-            return conn if conn is not None else sockets.connect(host, port, seconds,
-                                                                 what="the coordinator (rank 0)")
+            return conn if conn is not None else sockets.connect(host, port, seconds, what="the coordinator (rank 0)",
+                                                                 check=getattr(store, "check_abandoned", None))
 
         conn, _ = sockets.dial_authenticated(dial, secret, str(rank).encode(), timeout, "the coordinator (rank 0)")
         conn.settimeout(None)
@@ -84,7 +84,7 @@ class ControlPlane:
 
     @staticmethod
     def _accept_all(size: int, listeners: List[socket.socket], secret: bytes, timeout: float,
-                    where: str) -> Dict[int, socket.socket]:
+                    where: str, check: Optional[Callable[[], None]] = None) -> Dict[int, socket.socket]:
         """Accept and authenticate one connection from every other rank.
 
         Each connection is authenticated in a thread of its own, so a stranger that connects and stays silent
@@ -119,7 +119,15 @@ class ControlPlane:
                     raise TimeoutError(
                         f"coordinator waited {timeout:.0f} s for ranks {missing} to connect; they did not start, "
                         f"crashed before hvd.init(), or cannot reach {where}")
-                readable, _, _ = select.select(listeners + [wake_r], [], [], remaining)
+                if check is not None:   # an elastic epoch being formed: give up once the driver abandons it
+                    try:
+                        check()
+                    except Exception:
+                        for s in peers.values():
+                            s.close()
+                        raise
+                readable, _, _ = select.select(listeners + [wake_r], [], [],
+                                               remaining if check is None else min(remaining, 0.25))
                 for listener in readable:
                     if listener is wake_r:
                         try:

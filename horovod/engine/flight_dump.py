@@ -58,15 +58,76 @@ def mpirun_job_id(env: Mapping[str, str] = os.environ) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-")
 
 
+class UnsafeDirectoryError(PermissionError):
+    """The shared default dump directory exists but is not private to this user: another user could replace the
+    dumps and so forge the doctor's verdict."""
+
+
+def _unsafe(path: str) -> Optional[str]:
+    """Why ``path`` (which exists) is not a private directory of this user; ``None`` when it is."""
+    info = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path):
+        return "it is not a directory (or is a symbolic link)"
+    uid = os.getuid()
+    if info.st_uid != uid:
+        return f"it is owned by uid {info.st_uid}, not by this user (uid {uid})"
+    if info.st_mode & 0o022:
+        return f"it is writable by its group or by everyone (mode {info.st_mode & 0o777:o})"
+    return None
+
+
+def private_directory(path: str) -> str:
+    """Create ``path`` with mode 0700 (when missing) and check that it is a directory of this user that no one else
+    may write to; returns it.
+
+    Raises:
+        UnsafeDirectoryError: it exists, owned by another user, group/world-writable, or not a directory.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    why = _unsafe(path)
+    if why is not None:
+        raise UnsafeDirectoryError(f"the flight-recorder directory {path} is not private: {why}")
+    return path
+
+
 def directory(config: Any) -> str:
     """``HOROVOD_FLIGHT_RECORDER_DIR``; else ``<tmp>/horovod-flight-recorder``, with a sub-directory per job under
-    ``mpirun`` (no launcher of ours chose one, and rank 0 diagnoses the job's directory)."""
+    ``mpirun`` (no launcher of ours chose one, and rank 0 diagnoses the job's directory).
+
+    The shared default must be private to this user (created 0700; refused when another user owns it or may write
+    to it, since the doctor's verdict rests on what it reads there): when it is not, ``…-<uid>`` next to it is used
+    instead, checked the same way.  A directory the user chose is created 0700 when missing, and not checked.
+
+    Raises:
+        UnsafeDirectoryError: neither the default nor its per-user fallback is private; the message says what to
+            do.
+    """
     chosen = getattr(config, "flight_recorder_dir", "")
     if chosen:
+        os.makedirs(chosen, mode=0o700, exist_ok=True)
         return chosen
     base = os.path.join(tempfile.gettempdir(), DEFAULT_DIR_NAME)
+    try:
+        private_directory(base)
+    except UnsafeDirectoryError as first:
+        fallback = f"{base}-{os.getuid()}"
+        try:
+            private_directory(fallback)
+        except UnsafeDirectoryError as second:
+            raise UnsafeDirectoryError(
+                f"{first}; its fallback is not usable either ({second}). Set HOROVOD_FLIGHT_RECORDER_DIR (or "
+                f"horovodrun --flight-recorder-dir) to a directory of your own, or remove those directories") from None
+        logger.warning("%s; using %s instead", first, fallback)
+        base = fallback
     job = mpirun_job_id() if _launched_by(config) == "mpirun" else ""
-    return os.path.join(base, f"mpirun-{job}") if job else base
+    if not job:
+        return base
+    where = os.path.join(base, f"mpirun-{job}")
+    os.makedirs(where, mode=0o700, exist_ok=True)   # inside our private base: no one else can have made it
+    return where
 
 
 def _library_dirs() -> tuple:
@@ -131,7 +192,7 @@ def _job_id(config: Any) -> str:
 
 
 def _write(record: Dict[str, Any], where: str, generation: int, rank: int) -> str:
-    os.makedirs(where, exist_ok=True)
+    os.makedirs(where, mode=0o700, exist_ok=True)
     role = "-child" if record["role"] == "child" else ""
     name = f"g{generation}-rank{rank}{role}-{os.getpid()}-{int(time.time() * 1000)}.json"
     path = os.path.join(where, name)
@@ -371,10 +432,14 @@ def collect_under_mpirun(runtime: Any, reason: str) -> None:
     server = getattr(runtime, "rendezvous_server", None)
     if runtime.rank != 0 or server is None:
         return
+    try:
+        where = directory(runtime.config)
+    except OSError as exc:   # not private (UnsafeDirectoryError) or not creatable: no collection, never a crash
+        logger.warning("Horovod doctor: no collection: %s", exc)
+        return
     busy = runtime.__dict__.setdefault("_mpirun_collecting", threading.Lock())
     if not busy.acquire(blocking=False):
         return   # a collection is running: it covers this request too
-    where = directory(runtime.config)
     generation = getattr(runtime, "flight_generation", None)
 
     def run() -> None:

@@ -9,6 +9,7 @@ the ring is left out of the snapshot rather than shown half known.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Any, Dict, List, Sequence, Tuple
@@ -47,13 +48,16 @@ class FlightRecorder:
     # Events hold only strings, numbers and the engine's own name lists, never the Request / Response objects:
     # keeping thousands of those alive would make the garbage collector promote and rescan them.
     def enqueued(self, requests: Sequence[Any]) -> None:
+        """Called on the thread that issued the collectives: its id is recorded, so the doctor names the line of
+        that thread (a collective issued from a worker thread, not the main thread's ``join()``)."""
         if self.enabled:
             now = time.monotonic()
+            thread = threading.get_ident()
             append = self._events.append
             for req in requests:
                 self._count += 1
                 append((now, ENQUEUED, req.process_set, req.name, req.kind, req.dtype, req.shape, req.device,
-                        self._count))
+                        self._count, thread))
 
     def negotiated(self) -> None:
         """A batch of responses arrived (worker) or was planned (coordinator)."""
@@ -128,7 +132,7 @@ class FlightRecorder:
 
 
 def _record_of(event: tuple) -> Dict[str, Any]:
-    when, _, set_id, name, kind, dtype, shape, device, seq = event
+    when, _, set_id, name, kind, dtype, shape, device, seq, thread = event
     shape = [int(d) for d in (shape or ())]
     try:
         itemsize = ops.storage_dtype(dtype).itemsize
@@ -139,4 +143,4 @@ def _record_of(event: tuple) -> Dict[str, Any]:
         elems *= d
     return {"seq": seq, "name": name, "kind": KIND_NAMES.get(kind, str(kind)), "process_set": set_id,
             "dtype": dtype, "shape": shape, "bytes": elems * itemsize, "device": device, "enqueued": when,
-            "negotiated": None, "started": None, "finished": None, "state": "enqueued"}
+            "negotiated": None, "started": None, "finished": None, "state": "enqueued", "thread": thread}

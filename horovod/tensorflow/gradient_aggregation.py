@@ -15,6 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from horovod.common.elastic import register_distributed
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow.bridge import not_converted
 from horovod.tensorflow.mpi_ops import _op_of
@@ -56,6 +57,20 @@ class LocalGradientAggregationHelper:
         self.counter: Any = None   # the int64 tf.Variable counting passes (made with the accumulators)
         self.accumulators: Optional[List] = None
         self._apply_flag = None
+        register_distributed(self)
+
+    def _hvd_reset(self) -> None:
+        """Elastic reset: no pass counted, nothing accumulated, as after construction.
+
+        Every rank resets, so the ranks count passes alike again (a newcomer starts from zero); a Keras optimizer
+        whose counter and accumulators are its own variables gets the committed ones back with the state.
+        """
+        self._apply_flag = None
+        if self.counter is None or not tf.executing_eagerly():
+            return   # not built yet; or a TF1 graph, where the session's variables are the user's state
+        self.counter.assign(tf.zeros_like(self.counter))
+        for acc in self.accumulators or []:
+            acc.assign(tf.zeros_like(acc))
 
     def set_variables(self, counter, accumulators: Sequence) -> None:
         """Use these variables: an int64 scalar counter and one zero-initialised accumulator per variable."""

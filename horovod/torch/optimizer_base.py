@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from horovod.common.basics import Average, size
+from horovod.common.elastic import register_distributed
 from horovod.common.process_sets import ProcessSet
 from horovod.common.util import split_list
 from horovod.engine import config as _config
@@ -91,6 +92,7 @@ class _HorovodOptimizerBase(_OptimizerBase):
         self._p_to_group: Dict[torch.Tensor, Tuple[torch.Tensor, ...]] = {}
         self._group_ready: Dict[Tuple[torch.Tensor, ...], set] = {}
         self._buckets: set = set()   # automatic groups reduced as one flat tensor (see _plan_buckets)
+        register_distributed(self)
         hooks_wanted = size() > 1 or _config.load().elastic
         if hooks_wanted and process_set.included() is not False:
             self._register_hooks()
@@ -152,8 +154,36 @@ class _HorovodOptimizerBase(_OptimizerBase):
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
 
+    def _hvd_forget_step(self) -> None:
+        """Forget the step in progress: as after construction, no allreduce pending, no pass counted.
+
+        A step broken by a failure leaves handles of a dead engine, members of half-issued groups and pass
+        counters already decremented; kept, they make the next ``zero_grad()`` refuse (``_ZERO_GRAD_RACE``) or
+        the next backward count one pass too many (``_TOO_MANY_PASSES``).
+        """
+        self._handles.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        for group in self._group_ready:
+            self._group_ready[group] = set()
+        self._synchronized = False
+        self._should_synchronize = True
+
+    def _hvd_reset(self) -> None:
+        """Elastic reset (:func:`horovod.common.elastic.reset_distributed`): forget the step in progress and its
+        gradients, which hold a mix of local and partly reduced values."""
+        self._hvd_forget_step()
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
     def load_state_dict(self, state_dict) -> None:
-        """Load state like the wrapped optimizer, and keep sharing it with the wrapped optimizer object."""
+        """Load state like the wrapped optimizer, and keep sharing it with the wrapped optimizer object.
+
+        The step in progress, if any, is forgotten (as after construction): the loaded state is not the one its
+        pending allreduces and pass counts belong to.
+        """
+        self._hvd_forget_step()
         super().load_state_dict(state_dict)
         wrapped = getattr(self, "_hvd_wrapped", None)
         if wrapped is not None:

@@ -336,7 +336,11 @@ class Node:
                     missing = sorted(set(range(self.rank + 1, self.size)) - set(seg_fds))
                     raise TransportError(f"shm transport: local ranks {missing} did not connect within "
                                          f"{self.timeout:.0f} s; did they start and call init()?", peer=missing[0])
-                readable, _, _ = select.select([listener, wake_r], [], [], remaining)
+                check = getattr(boot.store, "check_abandoned", None)   # an elastic epoch being formed
+                if check is not None:
+                    check()
+                readable, _, _ = select.select([listener, wake_r], [], [],
+                                               remaining if check is None else min(remaining, 0.25))
                 if listener in readable:
                     try:
                         sock, _ = listener.accept()

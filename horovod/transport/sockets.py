@@ -71,8 +71,12 @@ def listen(host: str, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     return srv
 
 
-def connect(host: str, port: int, timeout: float, what: str = "peer") -> socket.socket:
-    """Connect, retrying refused connections until ``timeout`` (the peer may still be starting)."""
+def connect(host: str, port: int, timeout: float, what: str = "peer",
+            check: Optional[Callable[[], None]] = None) -> socket.socket:
+    """Connect, retrying refused connections until ``timeout`` (the peer may still be starting).
+
+    ``check`` is called between attempts and may raise to give up early (an elastic epoch abandoned meanwhile).
+    """
     deadline = time.monotonic() + timeout
     delay = 0.01
     while True:
@@ -80,6 +84,8 @@ def connect(host: str, port: int, timeout: float, what: str = "peer") -> socket.
             sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
             return configure(sock)
         except OSError as exc:
+            if check is not None:
+                check()
             if time.monotonic() + delay > deadline:
                 raise PeerError(
                     f"could not connect to {what} at {host}:{port} within {timeout:.0f} s ({exc}); "

@@ -105,7 +105,16 @@ class _Acceptor:
                 self._done.set()
 
     def wait(self) -> Dict[int, socket.socket]:
-        self._done.wait(max(0.0, self._deadline - time.monotonic()))
+        check = getattr(self._boot.store, "check_abandoned", None)   # an elastic epoch being formed
+        while not self._done.wait(min(0.25, max(0.0, self._deadline - time.monotonic()))):
+            if time.monotonic() >= self._deadline:
+                break
+            if check is not None:
+                try:
+                    check()
+                except Exception:
+                    self.discard()
+                    raise
         with self._lock:
             self._stop = True
             missing = sorted(self._expected - set(self.socks))
@@ -137,7 +146,8 @@ def _connect_to(boot: Bootstrap, peer: int, deadline: float) -> socket.socket:
     host, port = sockets.parse_hostport(raw.decode())
 
     def dial(seconds: float) -> socket.socket:
-        return sockets.connect(host, port, seconds, what=f"rank {peer}")
+        return sockets.connect(host, port, seconds, what=f"rank {peer}", check=getattr(boot.store, "check_abandoned",
+                                                                                    None))
 
     try:
         sock, hello = sockets.dial_authenticated(dial, boot.secret, _hello(boot.scope, boot.rank),

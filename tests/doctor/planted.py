@@ -45,6 +45,16 @@ class StuckDataset:
         return np.ones(4, dtype=np.float32)
 
 
+THREAD_ERRORS = []
+
+
+def issue_from_a_thread():
+    try:
+        hvd.allreduce(BIG, name="grad.fc1.bias")  # HANG:thread:waiter
+    except Exception as exc:   # the stall error: re-raised on the main thread, so the rank fails and the job ends
+        THREAD_ERRORS.append(exc)
+
+
 def main():
     size = int(os.environ.get("HOROVOD_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"])   # mpirun: Open MPI's
     culprit = size - 1
@@ -103,6 +113,15 @@ def main():
         loader = iter(tud.DataLoader(StuckDataset(rank == culprit), batch_size=1, num_workers=1))
         next(loader)   # HANG:torch_loader:culprit
         hvd.allreduce(BIG, name="batch.stats")  # HANG:torch_loader:waiter
+    elif SCENARIO == "thread":   # the waiters issue the collective from a thread of their own; main joins it
+        import threading
+        if rank == culprit:
+            time.sleep(600)  # HANG:thread:culprit
+        worker = threading.Thread(target=issue_from_a_thread, name="trainer")
+        worker.start()
+        worker.join()  # HANG:thread:main
+        if THREAD_ERRORS:
+            raise THREAD_ERRORS[0]
     else:
         raise SystemExit(f"unknown scenario {SCENARIO!r}")
     hvd.shutdown()

@@ -15,6 +15,12 @@ Training stops once ``ELASTIC_TEST_STOP`` exists (rank 0 decides and tells the o
 ``ELASTIC_TEST_MIN_STEPS`` steps were made (job_worker.py: the settings, the log and the gradient every
 worker script of ElasticJob shares).  ``ELASTIC_TEST_FAULTS`` is a JSON list of
 ``{"id": worker id, "step": s}``: that worker raises once when it reaches step ``s`` (before committing it).
+``ELASTIC_TEST_DIE_AFTER_ASSIGNMENT`` is ``{"id": worker id, "epoch": e}``: that worker's process exits (status
+3, as a crash would) the moment ``init()`` hands it its rank in epoch ``e`` or later, before it connects to anyone
+(once: a process started later in the same slot lives); with ``"stage": "connected"``, once it has connected to
+the coordinator instead (its death then breaks the others' handshakes rather than leaving them waiting).
+``ELASTIC_TEST_SLOW_RESTART`` is ``{"id": worker id, "seconds": s}``: every process started in that slot after the
+first sleeps ``s`` seconds before ``init()``.
 """
 from __future__ import annotations
 
@@ -31,6 +37,40 @@ from horovod.common.elastic import ObjectState, default_reset, run_fn
 from job_worker import LR, STOP, WID, STEP_DELAY, crashes_logged, grad, log, stop_requested
 
 FAULTS = json.loads(os.environ.get("ELASTIC_TEST_FAULTS", "[]"))
+DIE_AFTER_ASSIGNMENT = json.loads(os.environ.get("ELASTIC_TEST_DIE_AFTER_ASSIGNMENT", "null"))
+
+
+def die_after_assignment() -> None:
+    """Make this process exit right after it receives its rank in the chosen epoch (a death inside a reset): at
+    once (``"stage": "assigned"``, the default), or once it has connected to the coordinator (``"connected"``)."""
+    from horovod.engine import bootstrap, controller
+
+    join = bootstrap._join_elastic_epoch
+    connect = controller.ControlPlane.connect.__func__
+    chosen = {"epoch": None}
+
+    def die(epoch: int) -> None:
+        marker = f"{STOP}.died.{WID}"   # once: a replacement in the same slot lives
+        if epoch >= DIE_AFTER_ASSIGNMENT["epoch"] and not os.path.exists(marker):
+            open(marker, "w").close()
+            log(ev="dies_after_assignment", epoch=epoch, pid=os.getpid())
+            os._exit(3)
+
+    def join_then_die(*args, **kwargs):
+        config, assignment = join(*args, **kwargs)
+        chosen["epoch"] = assignment.epoch
+        if DIE_AFTER_ASSIGNMENT.get("stage", "assigned") == "assigned":
+            die(assignment.epoch)
+        return config, assignment
+
+    def connect_then_die(cls, *args, **kwargs):
+        plane = connect(cls, *args, **kwargs)
+        if DIE_AFTER_ASSIGNMENT.get("stage") == "connected" and chosen["epoch"] is not None:
+            die(chosen["epoch"])
+        return plane
+
+    bootstrap._join_elastic_epoch = join_then_die
+    controller.ControlPlane.connect = classmethod(connect_then_die)
 
 
 def maybe_fail(step: int) -> None:
@@ -46,6 +86,13 @@ def epoch() -> int:
     return basics.runtime().epoch.epoch
 
 
+SLOW_RESTART = json.loads(os.environ.get("ELASTIC_TEST_SLOW_RESTART", "null"))
+if SLOW_RESTART and SLOW_RESTART["id"] == WID:
+    if os.path.exists(f"{STOP}.started.{WID}"):
+        time.sleep(SLOW_RESTART["seconds"])   # a replacement that starts slowly (imports, a loaded host)
+    open(f"{STOP}.started.{WID}", "w").close()
+if DIE_AFTER_ASSIGNMENT and DIE_AFTER_ASSIGNMENT["id"] == WID:
+    die_after_assignment()
 with crashes_logged():   # a worker failing before it trained: say why
     hvd.init()
 log(ev="start", pid=os.getpid(), uname=socket.gethostname())

@@ -34,8 +34,8 @@ def remote_job(elastic_job, cluster, tmp_path):
     home = tmp_path / "home"   # the ssh check cache starts empty; the user's ~/.horovod is not touched
     home.mkdir()
 
-    def start(hosts, args, **kwargs):
-        env = cluster.env({"HOME": str(home), "PATH": os.environ.get("PATH", "")})
+    def start(hosts, args, env_extra=None, **kwargs):
+        env = cluster.env({"HOME": str(home), "PATH": os.environ.get("PATH", ""), **(env_extra or {})})
         return elastic_job(hosts, [*args, *cluster.ssh_flags()], wrap=cluster.in_driver([]), env=env, **kwargs)
 
     return start
@@ -101,3 +101,27 @@ def test_a_host_that_cannot_be_reached_is_left_out_and_the_job_runs_on(remote_jo
     assert "leaving out host hostZ" in job.stderr(), job.diagnose()
     assert job.finish() == 0, job.diagnose()
     check_training(job.events(), sizes=[1], resets=0)
+
+
+def test_a_worker_dying_inside_a_reset_does_not_stall_the_job(remote_job):
+    """Issue 38 E1 across real hosts: hostC arrives, every worker resets into epoch 1, and hostB's worker dies the
+    moment it holds its rank there.  The others stop waiting for it (not after the 120 s init timeout), hostC's
+    first worker joins the next epoch instead of failing its first init(), and no healthy host is blacklisted."""
+    import json
+
+    job = remote_job(["hostA:1", "hostB:1"], ["-np", "2", "--min-np", "1", "--max-np", "3", "--start-timeout", "20"],
+                     env_extra={"ELASTIC_TEST_DIE_AFTER_ASSIGNMENT": json.dumps({"id": "hostB:0", "epoch": 1}),
+                                "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"})
+    job.wait_for_commits(3, size=2)
+    job.set_hosts(["hostA:1", "hostB:1", "hostC:1"])
+    job.wait_for("hostB's worker dies holding its rank in epoch 1",
+                 lambda evs: any(e["ev"] == "dies_after_assignment" and e["id"] == "hostB:0" for e in evs))
+    job.wait_for("the job goes on with hostA and hostC", joined(2, epoch_at_least=2), timeout=45)
+    job.wait_for_commits(3, size=2, min_epoch=2)
+    assert job.finish() == 0, job.diagnose()
+    eps = check_training(job.events(), sizes=[2, 2], resets=2)
+    assert set(eps[-1].ranks) == {"hostA:0", "hostC:0"}, eps
+    err = job.stderr()
+    assert "epoch 1 abandoned: worker hostB:0" in err, job.diagnose()
+    assert "blacklisting host hostA" not in err and "blacklisting host hostC" not in err, job.diagnose()
+    assert [e["id"] for e in job.events("start")].count("hostC:0") == 1, job.diagnose()

@@ -1,9 +1,11 @@
 """The elastic driver's pure parts (layout, blacklist, discovery parsing, settings) and its launcher wiring."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -115,6 +117,40 @@ def test_discovery_script_runs_and_reports_failures(tmp_path):
     slow.chmod(0o755)
     with pytest.raises(DiscoveryError, match="did not finish within"):
         HostDiscoveryScript(str(slow), timeout=0.2).find()
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process ``pid`` has exited (or is a zombie) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_hung_discovery_script_is_killed_with_everything_it_started(tmp_path):
+    """Issue 38: the driver gave up on a hung script but left what it started running (only the shell died)."""
+    pids = tmp_path / "pids"
+    hung = tmp_path / "hung.sh"
+    hung.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! > '{pids}'\nwait\n")
+    hung.chmod(0o755)
+    with pytest.raises(DiscoveryError, match="did not finish within 1 s"):
+        HostDiscoveryScript(str(hung), timeout=1.0).find()
+    shell, child = (int(p) for p in pids.read_text().split())
+    try:
+        assert _gone(child), f"the script's child {child} (sleep 300) is still running"
+        assert _gone(shell), f"the script {shell} is still running"
+    finally:
+        for pid in (shell, child):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
 
 
 # -- settings -----------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ about once a second, so it should be quick; it runs with a timeout and a failing
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import subprocess
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -88,18 +90,42 @@ class HostDiscoveryScript(HostDiscovery):
         self.timeout = timeout
 
     def find(self) -> List[HostInfo]:
+        # shell=True: the original documents "a script", and users pass e.g. "python discover.py".  Its own
+        # session (process group): on a timeout the whole group is killed, not only the shell, so nothing the
+        # script started (a hung ssh, curl, sleep) is left running behind the driver.
         try:
-            # shell=True: the original documents "a script", and users pass e.g. "python discover.py".
-            done = subprocess.run(self.script, shell=True, capture_output=True, text=True, timeout=self.timeout,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise DiscoveryError(f"host discovery script {self.script!r} did not finish within "
-                                 f"{self.timeout:.0f} s; it runs every second and must be quick") from None
+            proc = subprocess.Popen(self.script, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, text=True, start_new_session=True)
         except OSError as exc:
             raise DiscoveryError(f"cannot run host discovery script {self.script!r}: {exc}") from None
-        if done.returncode != 0:
-            err = done.stderr.strip().splitlines()[-1:] or ["(no error output)"]
-            raise DiscoveryError(f"host discovery script {self.script!r} exited with status {done.returncode}: "
+        try:
+            stdout, stderr = proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise DiscoveryError(f"host discovery script {self.script!r} did not finish within "
+                                 f"{self.timeout:.0f} s and was killed with every process it started; it runs "
+                                 f"every second and must be quick") from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        if proc.returncode != 0:
+            err = stderr.strip().splitlines()[-1:] or ["(no error output)"]
+            raise DiscoveryError(f"host discovery script {self.script!r} exited with status {proc.returncode}: "
                                  f"{err[0]}")
-        return parse_discovery_output(done.stdout.splitlines(), self.default_slots,
+        return parse_discovery_output(stdout.splitlines(), self.default_slots,
                                       source=f"host discovery script {self.script!r}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the script's process group (its session: everything it started) and reap the shell."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass   # the group is gone already
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()   # a child that escaped the group may still hold the pipes: do not read them
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        logger.warning("host discovery script (pid %d) did not exit after SIGKILL", proc.pid)

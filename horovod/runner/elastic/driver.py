@@ -34,7 +34,6 @@ import secrets
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, cast
 
 from horovod.engine import membership
@@ -46,7 +45,7 @@ from horovod.runner.elastic.layout import assign_ranks, host_of, plan_members
 from horovod.runner.elastic.remote import RemoteHosts, rendezvous_address
 # The job's settings and outcome live in settings.py; importable from here as well, where the driver is.
 from horovod.runner.elastic.settings import ElasticJobError, ElasticResult, ElasticSettings  # noqa: F401
-from horovod.runner.elastic.settings import WorkerProcess, describe_exit_code
+from horovod.runner.elastic.settings import WorkerProcess, WorkerRecord as _Worker, describe_exit_code
 from horovod.runner.exec import WorkerExit, WorkerSpec
 from horovod.runner.hosts import HostInfo, is_local_host
 from horovod.engine.teardown import CULPRIT_SCOPE
@@ -69,24 +68,6 @@ WORKER_TIMEOUT_MARGIN = 60
 #: Worker failures a host may have before it is blacklisted while it still runs healthy workers (a host whose
 #: workers have all failed is blacklisted at once).
 HOST_FAILURES_BEFORE_BLACKLIST = 3
-
-@dataclass
-class _Worker:
-    wid: str
-    proc: WorkerProcess
-    label: int                      # its output prefix: the rank it was planned for, unless a live worker has it
-    last_epoch: int = -1            # last epoch the driver placed it in
-    exit_code: Optional[int] = None
-    removed: bool = False           # stopped by the driver: its exit is not a failure
-
-    @property
-    def host(self) -> str:
-        return host_of(self.wid)
-
-    @property
-    def running(self) -> bool:
-        return self.exit_code is None
-
 
 class ElasticDriver:
     """Runs one elastic job; see the module docstring.
@@ -345,6 +326,8 @@ class ElasticDriver:
             worker = self._workers.get(wid)
             if worker is None or not worker.running or worker.removed or self._idle(wid):
                 continue
+            if worker.last_epoch != self._epoch:
+                continue   # a fresh process already replaces the failed one in its slot: it is starting, not frozen
             others = [self._workers[m] for m in self._members if m != wid]
             if not all(self._idle(o.wid) or not o.running for o in others):
                 continue
@@ -454,6 +437,8 @@ class ElasticDriver:
         if worker is None or worker.proc is not proc:
             return   # an earlier process of a reused slot
         worker.exit_code = code
+        if code != 0 and not self._finishing and wid in self._members and worker.last_epoch == self._epoch:
+            self._abandon_epoch(wid, code)
         if worker.removed:
             logger.info("worker %s stopped (%s)", wid, code)
             return
@@ -497,6 +482,14 @@ class ElasticDriver:
                 self._remove(other, f"host {worker.host} is blacklisted")
 
     # -- epochs ---------------------------------------------------------------------------------------
+    def _abandon_epoch(self, wid: str, code: int) -> None:
+        """A member of the current epoch exited: members still forming it (inside ``init()``, waiting for this one)
+        stop waiting and announce that they left it, so the next epoch follows at once instead of after their init
+        timeout; members already training find out from their next collective, as before."""
+        why = f"worker {wid} (rank {self._members.index(wid)}) exited with {describe_exit_code(code)}"
+        self.store.put((membership.SCOPE, membership.ABANDONED_KEY), membership.abandon_value(self._epoch, why))
+        logger.info("elastic: epoch %d abandoned: %s", self._epoch, why)
+
     def _maybe_bump_hosts(self, wanted: List[str]) -> None:
         target = frozenset(wanted)
         if target == frozenset(self._members) or target == self._bumped_for:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from horovod.runner.elastic.discovery import HostDiscovery
+from horovod.runner.elastic.layout import host_of
 from horovod.runner.exec import DEFAULT_GRACE_SECONDS, JobFailedError, WorkerExit
 from horovod.runner.job import LOCAL_RENDEZVOUS_HOST
 from horovod.transport.rendezvous import MemoryStore
@@ -128,3 +129,23 @@ class WorkerProcess(Protocol):
     def poll(self) -> Optional[int]: ...
 
     def wait(self, timeout: Optional[float] = None) -> int: ...
+
+
+@dataclass
+class WorkerRecord:
+    """What the driver knows of one worker process."""
+
+    wid: str
+    proc: WorkerProcess
+    label: int                      # its output prefix: the rank it was planned for, unless a live worker has it
+    last_epoch: int = -1            # last epoch the driver placed it in
+    exit_code: Optional[int] = None
+    removed: bool = False           # stopped by the driver: its exit is not a failure
+
+    @property
+    def host(self) -> str:
+        return host_of(self.wid)
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
