@@ -39,6 +39,11 @@ FAST_TIER = (
     # runner: horovod.run over real processes, and its argument checks
     "tests/runner/test_runner_api.py::test_returns_every_ranks_value_in_rank_order",
     "tests/runner/test_runner_api.py::test_value_errors",
+    # knobs: typed fields (a misspelt one fails mypy) and every value checked where it is declared
+    "tests/engine/test_config.py::test_a_misspelt_knob_is_a_mypy_error",
+    "tests/engine/test_config.py::test_the_values_the_issue_reported",
+    # elastic: a reset leaves the torch DistributedOptimizer as fresh as after construction
+    "tests/elastic/test_elastic_torch_backward.py::test_load_state_dict_forgets_the_step_in_progress",
     # docs and layering: imports point down, documented commands and names are real
     "tests/test_layering.py",
     "tests/test_module_size.py",
