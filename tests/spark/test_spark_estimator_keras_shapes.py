@@ -106,11 +106,12 @@ def test_flavour_is_the_model_s_and_the_optimizer_must_match(tmp_path):
 
 
 def _check_fit(result, two_inputs):
+    print(f"flat-column fit ({'two inputs' if two_inputs else 'one input'}): {result}")   # shown with -s
     history = result["history"]
     assert history["epoch"] == [0, 1, 2, 3]
     assert history["loss"][-1] < history["loss"][0], history["loss"]
     assert result["rows"] == keras_flat_mnist.ROWS and result["output_width"] == 10
-    assert result["accuracy"] > 0.6, result                     # chance is 0.1
+    assert result["accuracy"] > 0.8, result                     # chance is 0.1 (0.99 seen in both flavours)
     # transform() fed each flat column to the model as 28 x 28 x 1 (and 2 x 2): the same predictions as the
     # model's own predict on the arrays reshaped here.
     assert result["max_diff_from_local_predict"] < 1e-4, result
