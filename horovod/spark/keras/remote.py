@@ -1,6 +1,10 @@
 """The training function of :class:`horovod.spark.keras.KerasEstimator`, run on every Horovod process.
 
-Models travel as ``.keras`` archive bytes.  The checkpoint of a run is two files in the run's directory:
+Models travel as ``.keras`` archive bytes (both Keras 3 and tf_keras write and read that format).  The process
+uses the model's Keras (``settings["flavour"]``), and its ``tf.keras`` must be that Keras too, since Horovod's
+callbacks and optimizer wrapper follow ``tf.keras``: the estimator sets ``TF_USE_LEGACY_KERAS`` for the process.
+
+The checkpoint of a run is two files in the run's directory:
 ``<checkpoint filename>.npz`` (model weights and optimizer variables, numpy only: nothing is unpickled on load)
 and ``<checkpoint filename>.json`` (epochs done and the history), written after the weights, so a present JSON
 always describes complete weights.
@@ -12,13 +16,14 @@ import json
 import os
 import posixpath
 import tempfile
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import cloudpickle
 import numpy as np
 
 from horovod.spark.common import reader
 from horovod.spark.common.reader import load_shard
+from horovod.spark.keras import model_info
 
 
 def checkpoint_files(store, run_id: str) -> Optional[Tuple[str, str]]:
@@ -37,8 +42,8 @@ def model_to_bytes(model) -> bytes:
             return f.read()
 
 
-def model_from_bytes(data: bytes, custom_objects=None, compile: bool = False):
-    import keras
+def model_from_bytes(data: bytes, custom_objects=None, compile: bool = False, flavour: str = model_info.KERAS3):
+    keras = model_info.keras_module(flavour)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.keras")
         with open(path, "wb") as f:
@@ -46,9 +51,23 @@ def model_from_bytes(data: bytes, custom_objects=None, compile: bool = False):
         return keras.models.load_model(path, custom_objects=custom_objects or {}, compile=compile)
 
 
+def _optimizer_variables(optimizer) -> list:
+    # A property in Keras 3, a method in tf_keras's legacy optimizers, a callable list in its new ones.
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def _build_optimizer(optimizer, model) -> None:
+    """Create the optimizer's variables (slots) so that a checkpoint's values can be assigned to them."""
+    if hasattr(optimizer, "_create_all_weights") and not hasattr(optimizer, "build"):
+        optimizer._create_all_weights(model.trainable_variables)     # tf_keras legacy (OptimizerV2)
+    elif not getattr(optimizer, "built", False) and not getattr(optimizer, "_built", False):
+        optimizer.build(model.trainable_variables)
+
+
 def _pack(model, optimizer) -> bytes:
     arrays = {f"w{i}": w for i, w in enumerate(model.get_weights())}
-    arrays.update({f"o{i}": np.asarray(v) for i, v in enumerate(optimizer.variables)})
+    arrays.update({f"o{i}": np.asarray(v) for i, v in enumerate(_optimizer_variables(optimizer))})
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
@@ -59,25 +78,36 @@ def _unpack(data: bytes, model, optimizer) -> None:
         weights = [archive[f"w{i}"] for i in range(sum(k.startswith("w") for k in archive.files))]
         opt_values = [archive[f"o{i}"] for i in range(sum(k.startswith("o") for k in archive.files))]
     model.set_weights(weights)
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    if len(opt_values) != len(optimizer.variables):
+    _build_optimizer(optimizer, model)
+    variables = _optimizer_variables(optimizer)
+    if len(opt_values) != len(variables):
         raise ValueError(f"the checkpoint holds {len(opt_values)} optimizer variables, this optimizer has "
-                         f"{len(optimizer.variables)}: was the run trained with another optimizer?")
-    for variable, value in zip(optimizer.variables, opt_values):
+                         f"{len(variables)}: was the run trained with another optimizer?")
+    for variable, value in zip(variables, opt_values):
         variable.assign(value)
 
 
-def _columns(arrays: Dict[str, np.ndarray], cols, shapes):
+def shaped_columns(columns: List[np.ndarray], shapes) -> List[np.ndarray]:
+    """Each column (rows first) reshaped to its shape (``[-1, d1, ...]``, the original's form, or one row's
+    ``[d1, ...]``; ``None``: as it is), float64 made float32."""
     values = []
-    for i, c in enumerate(cols):
-        a = arrays[c]
+    for i, a in enumerate(columns):
         if shapes and shapes[i] is not None:
             dims = list(shapes[i])
             if dims and dims[0] in (-1, None):
                 dims = dims[1:]
-            a = a.reshape(len(a), *dims)
+            try:
+                a = a.reshape(len(a), *[-1 if d is None else d for d in dims])
+            except ValueError as exc:
+                raise ValueError(f"column {i} holds {a.shape[1:]} values per row and cannot take the shape "
+                                 f"{list(shapes[i])}: set input_shapes/label_shapes to match the model, or "
+                                 f"leave them unset to use the model's ({exc})") from None
         values.append(a.astype(np.float32) if a.dtype == np.float64 else a)
+    return values
+
+
+def _columns(arrays: Dict[str, np.ndarray], cols, shapes):
+    values = shaped_columns([arrays[c] for c in cols], shapes)
     return values[0] if len(values) == 1 else tuple(values)
 
 
@@ -95,20 +125,28 @@ def _dataset(arrays, settings, batch_size: int, training: bool, seed):
     return ds.repeat().batch(batch_size).prefetch(2)
 
 
-def train(model_bytes: bytes, optimizer_config: dict, compile_bytes: bytes, settings: Dict[str, Any]):
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    import keras
+def train(model_bytes: bytes, optimizer_bytes: bytes, compile_bytes: bytes, settings: Dict[str, Any]):
+    flavour = settings.get("flavour", model_info.KERAS3)
+    keras = model_info.keras_module(flavour)
 
     import horovod.tensorflow.keras as hvd
+    from horovod._keras.flavour import is_tf_keras
 
+    if is_tf_keras() != (flavour == model_info.TF_KERAS):
+        active = "tf_keras" if is_tf_keras() else "Keras 3"
+        raise RuntimeError(f"the model is a {'tf_keras' if flavour == model_info.TF_KERAS else 'Keras 3'} model, "
+                           f"but tf.keras is {active} in this training process (TF_USE_LEGACY_KERAS="
+                           f"{os.environ.get('TF_USE_LEGACY_KERAS')!r}); Horovod's callbacks follow tf.keras. "
+                           f"TF_USE_LEGACY_KERAS must be set before TensorFlow is imported: the estimator sets it "
+                           f"in the processes' environment; do not override it in backend_env.")
     hvd.init()
     try:
-        return _train(keras, hvd, model_bytes, optimizer_config, compile_bytes, settings)
+        return _train(keras, hvd, model_bytes, optimizer_bytes, compile_bytes, settings)
     finally:
         hvd.shutdown()
 
 
-def _train(keras, hvd, model_bytes, optimizer_config, compile_bytes, settings):
+def _train(keras, hvd, model_bytes, optimizer_bytes, compile_bytes, settings):
     rank, size = hvd.rank(), hvd.size()
     store, run_id = settings["store"], settings["run_id"]
     seed = settings.get("random_seed")
@@ -116,9 +154,9 @@ def _train(keras, hvd, model_bytes, optimizer_config, compile_bytes, settings):
         keras.utils.set_random_seed(seed)
     custom_objects = settings.get("custom_objects") or {}
     loss, loss_weights, metrics, user_callbacks = cloudpickle.loads(compile_bytes)
-    model = model_from_bytes(model_bytes, custom_objects)
-    optimizer = hvd.DistributedOptimizer(keras.optimizers.deserialize(optimizer_config,
-                                                                      custom_objects=custom_objects),
+    model = model_from_bytes(model_bytes, custom_objects, flavour=settings.get("flavour", model_info.KERAS3))
+    optimizer_cls, optimizer_config = cloudpickle.loads(optimizer_bytes)
+    optimizer = hvd.DistributedOptimizer(optimizer_cls.from_config(optimizer_config, custom_objects=custom_objects),
                                          compression=settings["compression"])
     model.compile(optimizer=optimizer, loss=loss, loss_weights=loss_weights, metrics=metrics)
 

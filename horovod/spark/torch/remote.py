@@ -52,6 +52,16 @@ def _labels(batch, settings) -> list:
     return out
 
 
+def _labels_like(labels: list, outputs: list, settings) -> list:
+    """Without ``label_shapes``, each label takes its output's shape when it holds as many values (0.28.1 did
+    the same): a scalar label of an output of shape ``(batch, 1)`` becomes ``(batch, 1)``, so a loss compares
+    row with row instead of broadcasting; class indices for an output of 10 scores stay as they are."""
+    if settings.get("label_shapes"):
+        return labels
+    return [lab.reshape(out.shape) if hasattr(out, "shape") and out.shape != lab.shape
+            and out.numel() == lab.numel() else lab for lab, out in zip(labels, outputs)]
+
+
 def _as_list(outputs) -> list:
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
@@ -132,6 +142,7 @@ def _train(hvd, torch, model_bytes, optimizer_cls, optimizer_defaults, optimizer
                                                    loss_weights)
             else:
                 outputs = _as_list(model(*inputs))
+                labels = _labels_like(labels, outputs, settings)
                 loss_value = _loss(outputs, labels, loss_fns, loss_weights, weights)
                 loss_value.backward()
                 backward_count += 1
@@ -184,6 +195,7 @@ def _evaluate(hvd, torch, model, data, settings, loss_fns, loss_weights, metrics
             inputs, labels = _inputs(batch, settings), _labels(batch, settings)
             weights = _shaped(batch[weight_col], None).float() if weight_col else None
             outputs = _as_list(model(*inputs))
+            labels = _labels_like(labels, outputs, settings)
             totals[0] += n
             totals[1] += n * float(_loss(outputs, labels, loss_fns, loss_weights, weights))
             for i, metric in enumerate(metrics):
