@@ -121,7 +121,8 @@ class Runtime:
             logger.warning("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=%d is less than HOROVOD_STALL_CHECK_TIME_SECONDS=%d; "
                            "stalled collectives fail after %d s instead", config.stall_shutdown_time_seconds,
                            config.stall_check_time_seconds, config.stall_check_time_seconds)
-        self.liveness = Liveness(control.peers, control.send_bytes, config.gloo_timeout_seconds)
+        self.liveness = Liveness(control.peers, control.send_bytes, config.gloo_timeout_seconds,
+                                 control=control, world=world)   # [liveness] every byte in counts (issue 38, E2)
         self.autotuner = Autotuner(config, config.autotune_log) if config.autotune and rank == 0 else None
         self._tuned: Optional[dict] = None   # knob values to announce with the next responses
         # Progress: one driver at a time (see the module docstring).

@@ -181,6 +181,11 @@ class Transport(abc.ABC):
         (:class:`horovod.transport.shm_lane.ShmLane`), or None where the transport has none."""
         return None
 
+    def last_heard(self, rank: int) -> float:
+        """When (``time.monotonic()``) a byte from group rank ``rank`` last arrived on this transport; 0.0 when
+        unknown. The engine's liveness counts data-plane traffic as life (horovod/engine/liveness.py)."""
+        return 0.0
+
     def round_board(self) -> Optional[RoundBoard]:
         """A board on which every rank of the group ANDs a short vector of uint64 words once per engine round
         (:class:`horovod.transport.shm_rounds.ShmRoundBoard`), or None where the transport has none."""

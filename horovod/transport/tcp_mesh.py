@@ -130,6 +130,9 @@ class Mesh:
         self.socks = socks
         self.failed: Optional[TransportError] = None
         self.closed = False
+        # When a byte last arrived from each world rank (time.monotonic()): life for the engine's liveness, and which
+        # peer to name when a collective stops making progress.
+        self.heard_at: List[float] = [0.0] * self.size
         self._scratch: Dict[int, np.ndarray] = {}
         for s in socks:
             if s is not None:
@@ -252,10 +255,13 @@ class Mesh:
         if not active:
             return
         deadline = None
+        started = time.monotonic()
+        look_at = started + self.timeout   # when to look for a silent peer while others keep the plan moving
         while True:
             progressed = False
             unfinished = False
             for c in active:
+                heard = False
                 recvs = c.recvs
                 nr = len(recvs)
                 while c.ri < nr:
@@ -270,7 +276,7 @@ class Mesh:
                     if k == 0:
                         raise self._lost(view, c.world, what, f"it closed the connection with "
                                          f"{c.pending_recv_bytes()} bytes still expected from it")
-                    progressed = True
+                    progressed = heard = True
                     off += k
                     if off < len(buf):
                         c.roff = off
@@ -281,6 +287,8 @@ class Mesh:
                         reduce_into(red[0], red[1], op)
                         if finish is not None:
                             finish(red[0])
+                if heard:
+                    self.heard_at[c.world] = time.monotonic()
                 sends = c.sends
                 ns = len(sends)
                 while c.si < ns:
@@ -307,6 +315,10 @@ class Mesh:
                 return
             if progressed:
                 deadline = None
+                now = time.monotonic()
+                if now >= look_at:
+                    self._check_silence(active, started, now, view, what)
+                    look_at = now + min(1.0, self.timeout / 4)
                 continue
             now = time.monotonic()
             if deadline is None:
@@ -314,6 +326,14 @@ class Mesh:
             elif now >= deadline:
                 raise self._timed_out(view, active, what)
             self._wait(active, deadline - now, view, what)
+
+    def _check_silence(self, active: List[Channel], started: float, now: float, view: PeerNames, what: str) -> None:
+        """Fail naming a peer this rank still expects bytes from when nothing at all arrived from it for the timeout,
+        even while other peers keep the plan moving (a frozen peer must not be waited past because a healthy one
+        still reads what this rank sends)."""
+        for c in active:
+            if c.ri < len(c.recvs) and now - max(self.heard_at[c.world], started) > self.timeout:
+                raise self._timed_out(view, [c], what)
 
     def exchange(self, dst: Optional[int], sview: Optional[memoryview], src: Optional[int],
                  rview: Optional[memoryview], what: str, view: PeerNames) -> None:
@@ -358,6 +378,7 @@ class Mesh:
                 raise self._lost(view, src, what, f"it closed the connection with {n - off} bytes still expected "
                                  f"from it")
             if k > 0:
+                self.heard_at[src] = time.monotonic()
                 off += k
                 if off == n:
                     return
@@ -422,7 +443,8 @@ class Mesh:
         waiting = [c for c in active if c.ri < len(c.recvs)]
         blocked = [c for c in active if c.si < len(c.sends)]
         if waiting:
-            c = waiting[0]
+            # The peer silent longest: a peer that sent until a moment ago is alive, and may wait for that one.
+            c = min(waiting, key=lambda ch: self.heard_at[ch.world])
             msg = (f"timed out after {self.timeout:.1f} s waiting for {view.describe(c.world)} during {what}: "
                    f"{c.pending_recv_bytes()} bytes still expected from it and nothing arrived")
         else:
