@@ -11,6 +11,7 @@ protocol says; torch reaches those bits through an int16 view (numpy has no bflo
 """
 from __future__ import annotations
 
+import logging
 from typing import List, Optional
 
 import numpy as np
@@ -19,6 +20,8 @@ import torch
 from horovod.common.adapter import BFLOAT16, TensorAdapter, View
 from horovod.engine.device import DeviceArray, HostOrDevice
 from horovod.torch import cuda
+
+logger = logging.getLogger(__name__)
 
 # torch dtype -> engine dtype name (the engine's numpy dtype for it is ops.storage_dtype(name)).
 _ENGINE_DTYPE = {
@@ -57,6 +60,14 @@ def to_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def _current_graph_task() -> int:
+    """The id of the autograd graph task this thread runs (-1 outside ``backward``)."""
+    try:
+        return int(torch._C._current_graph_task_id())
+    except (AttributeError, RuntimeError):
+        return -1
+
+
 class ModifiedWhileInFlight(ValueError):
     """A tensor was modified in place while an asynchronous collective on it ran (see :class:`TorchView`); a misuse,
     like a duplicate name, so a ValueError (never a HorovodInternalError, which an elastic job would take for a
@@ -72,9 +83,11 @@ class TorchView(View[HostOrDevice]):
     compares, and raises :class:`ModifiedWhileInFlight` instead of returning such a result. Checked for tensors
     in CPU memory that the engine reads directly, and for staged copies written back in place (the change would be
     silently overwritten); a staged input of an out-of-place collective is a private copy and cannot be affected.
+    A collective started inside ``backward`` (DistributedOptimizer's gradient hooks) only logs a warning: its
+    caller synchronizes many handles in a row, and an error in the middle would leave the rest in flight.
     """
 
-    __slots__ = ("version",)
+    __slots__ = ("version", "in_backward")
 
     def __init__(self, tensor: torch.Tensor, array: HostOrDevice, dtype: Optional[str], staged: bool):
         super().__init__(tensor, array, dtype, staged)
@@ -82,6 +95,9 @@ class TorchView(View[HostOrDevice]):
             self.version: Optional[int] = tensor._version
         except RuntimeError:   # inference tensors have no version counter
             self.version = None
+        # Started from a backward hook (DistributedOptimizer's gradients): the caller is an optimizer that
+        # synchronizes many handles in a row, and must not be left half done; it gets a warning instead.
+        self.in_backward = _current_graph_task() >= 0
 
     def check_unchanged(self, inplace: bool) -> None:
         tensor = self.tensor
@@ -89,6 +105,13 @@ class TorchView(View[HostOrDevice]):
             return
         now = tensor._version
         if now != self.version:
+            if self.in_backward:
+                logger.warning(
+                    "a %s gradient of shape %s was modified in place (version %d -> %d) while its allreduce, "
+                    "started by a backward hook, was running: its reduced value depends on timing (a second "
+                    "backward before optimizer.step(), or a hook writing into .grad?)", tensor.dtype,
+                    tuple(tensor.shape), self.version, now)
+                return
             raise ModifiedWhileInFlight(
                 f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)} was modified in place (its version went "
                 f"from {self.version} to {now}) while a Horovod {'in-place ' if inplace else ''}collective on it "

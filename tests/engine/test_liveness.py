@@ -199,3 +199,54 @@ def test_peer_frozen_mid_collective_is_named_soon(transport, tmp_path):
         # the time the collective would have taken.
         assert out["at"] - out["frozen_at"] < timeout + 30, (rank, out)
         print(f"rank {rank}: failed {out['at'] - out['frozen_at']:.1f} s after the freeze: {out['error'][:200]}")
+
+
+# ------------------------------------------------------------------------------------------------ units
+def test_queued_bytes_count_as_life_and_the_same_queue_does_not():
+    """The verdict looks at what is queued unread (nothing consumed): new bytes are life, an unchanged queue is
+    not (a peer frozen after its last heartbeat stays silent however long nobody reads)."""
+    import socket
+
+    from horovod.engine.liveness import Liveness
+
+    mine, theirs = socket.socketpair()
+    try:
+        live = Liveness({1: mine}, lambda peer, payload: None, timeout=5.0)
+        t0 = live._heard[1]
+        assert live.silent(now=t0 + 6.0) == [(1, 6.0)]   # nothing arrived: silent
+        theirs.sendall(b"x" * 10)
+        assert live.silent(now=t0 + 6.0) == []           # queued, unread: heard at this look
+        assert mine.recv(1, socket.MSG_PEEK) == b"x"     # and nothing was consumed
+        assert [p for p, _ in live.silent(now=t0 + 12.0)] == [1]   # the same 10 bytes are no new sign of life
+        theirs.sendall(b"y")
+        assert live.silent(now=t0 + 12.0) == []
+    finally:
+        mine.close()
+        theirs.close()
+
+
+def test_control_reads_by_any_path_count_as_life():
+    """Was (issue 38, E2): only a control socket seen readable by the drive loop's ``select`` counted; a read by
+    another path (the warm path's) consumed the heartbeat unnoticed."""
+    import socket
+    import time
+
+    from horovod.engine.controller import ControlPlane
+    from horovod.engine.liveness import HEARTBEAT, Liveness
+    from horovod.transport import sockets
+
+    mine, theirs = socket.socketpair()
+    try:
+        control = ControlPlane(0, 2, {1: mine})
+        live = Liveness(control.peers, control.send_bytes, timeout=5.0)   # the control plane found through send
+        start = live._heard[1]
+        sockets.send_frame(theirs, HEARTBEAT)
+        deadline = time.monotonic() + 10
+        while not control.receive(1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert control.last_heard(1) >= start
+        assert live.silent(now=control.last_heard(1) + 4.0) == []
+        assert [p for p, _ in live.silent(now=control.last_heard(1) + 6.0)] == [1]
+    finally:
+        mine.close()
+        theirs.close()
