@@ -87,8 +87,34 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
             req.payload = tensor.tobytes()
         entries.append(Entry(req, tensor, outputs[i] if outputs else None, handle, i))
-    runtime.enqueue(entries, _attended())
-    return handle
+    attended = _attended()
+    while True:
+        try:
+            runtime.enqueue(entries, attended)
+            return handle
+        except ValueError:
+            if not attended or not _after_same_names(runtime, entries):
+                raise
+
+
+def _after_same_names(runtime, entries: Sequence[Entry]) -> bool:
+    """A blocking call whose name another thread of this rank has in flight waits for that collective, then runs
+    as the next one of that name (issue 38, E3). Refusing it instead depends on timing: where the first call had
+    already finished, the second is a new collective, so the ranks would disagree on how many there are and one
+    would hang. Waiting gives every rank the same collectives whichever order its threads came in. Returns False
+    when no such collective is in flight (the ValueError was about something else)."""
+    lock, inflight = getattr(runtime, "_lock", None), getattr(runtime, "_inflight", None)
+    if lock is None or inflight is None:
+        return False
+    with lock:
+        first = [inflight.get((e.request.process_set, e.request.name)) for e in entries]
+    handles = {id(e.handle): e.handle for e in first if e is not None}
+    for other in handles.values():
+        try:
+            other.wait()   # drives it when nobody else does; its failure is its own caller's to report
+        except Exception:  # noqa: BLE001  (the retried enqueue raises if the engine failed)
+            pass
+    return bool(handles)
 
 
 def _splits_of(splits: Optional[Sequence[Optional[Sequence[int]]]], i: int) -> Optional[tuple]:
