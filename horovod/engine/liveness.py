@@ -2,8 +2,9 @@
 
 A rank that stops responding between collectives (a frozen process, a partitioned host) would otherwise leave the
 others waiting forever, because an idle control connection is silent by design.  A small thread sends an empty
-control message every ``interval`` seconds, and a peer counts as dead once *nothing at all* arrived from it for
-``timeout`` seconds.  What counts as having arrived (issue 38, E2):
+control message every ``interval`` seconds — and so does the driving thread, at its silence check, whenever the last
+one is that old — and a peer counts as dead once *nothing at all* arrived from it for ``timeout`` seconds.  What
+counts as having arrived (issue 38, E2):
 
 * every byte read from the peer's control connection, by whichever path reads it (the drive loop's ``select``, the
   warm path's reads, a shutdown drain): the control plane stamps the time in its frame reader;
@@ -14,7 +15,8 @@ control message every ``interval`` seconds, and a peer counts as dead once *noth
   starved (its own threads descheduled, a long step holding the GIL) therefore never mistakes the peer's queued
   heartbeats for silence; and the time of a byte is taken when this rank first sees it, not when it is processed.
 
-A peer whose heartbeat thread is starved keeps counting as alive while its data-plane bytes flow; a peer that
+A peer whose heartbeat thread is starved keeps counting as alive while its engine drives or its data-plane bytes
+flow; a peer that
 sends nothing at all for ``timeout`` seconds — its process stopped, its host unreachable — is dead, and the error
 names it.  Inside a collective, the transports' own waits bound the silence of the peers they wait for and name
 them (:mod:`horovod.transport.tcp_mesh`, :mod:`horovod.transport.shm_group`).
@@ -86,6 +88,7 @@ class Liveness:
         self._send: Callable[[int, bytes], Any] = try_send if callable(try_send) else send
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._last_beat = now
 
     def start(self) -> "Liveness":
         if self._heard:
@@ -99,13 +102,20 @@ class Liveness:
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
             self.observe()
-            for peer in list(self._heard):
-                try:
-                    # A control plane's try-send skips a peer whose connection another thread is writing to at
-                    # this moment: those bytes are life too, and a heartbeat must never wait behind them.
-                    self._send(peer, HEARTBEAT)
-                except (PeerError, KeyError, OSError):
-                    pass  # the background thread reports broken connections with more context
+            self.beat()
+
+    def beat(self, now: Optional[float] = None) -> None:
+        """Send a heartbeat to every peer. The heartbeat thread does every ``interval``; the driving thread also does
+        from :meth:`silent` whenever the last one is that old, so a starved heartbeat thread does not silence a
+        rank whose engine makes progress."""
+        self._last_beat = time.monotonic() if now is None else now
+        for peer in list(self._heard):
+            try:
+                # A control plane's try-send skips a peer whose connection another thread is writing to at this
+                # moment: those bytes are life too, and a heartbeat must never wait behind them.
+                self._send(peer, HEARTBEAT)
+            except (PeerError, KeyError, OSError):
+                pass  # the background thread reports broken connections with more context
 
     def heard(self, peer: int, now: Optional[float] = None) -> None:
         self._heard[peer] = time.monotonic() if now is None else now
@@ -136,6 +146,8 @@ class Liveness:
         """``(peer, seconds)`` for every peer silent longer than the timeout, after looking at every connection
         again (:meth:`observe`): a long collective or a starved thread of this rank is not the peer's silence."""
         now = time.monotonic() if now is None else now
+        if self._thread is not None and now - self._last_beat >= self.interval and not self._stop.is_set():
+            self.beat(now)
         if any(now - t > self.timeout for t in self._heard.values()):
             self.observe(now)
         return [(peer, now - t) for peer, t in self._heard.items() if now - t > self.timeout]

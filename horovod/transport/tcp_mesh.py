@@ -63,10 +63,11 @@ def as_bytes(arr: np.ndarray) -> memoryview:
 class Channel:
     """The traffic with one peer inside one collective: ordered sends and ordered receives."""
 
-    __slots__ = ("world", "sock", "sends", "si", "soff", "recvs", "ri", "roff")
+    __slots__ = ("world", "sock", "sends", "si", "soff", "recvs", "ri", "roff", "moved")
 
     def __init__(self, world: int, sock: socket.socket):
         self.world, self.sock = world, sock
+        self.moved = 0.0   # when bytes last moved with this peer, either way (time.monotonic())
         self.sends: List[tuple] = []  # (view, dep_chan or None, dep_count)
         self.si = self.soff = 0
         self.recvs: List[tuple] = []  # (view, (reduce_dst, reduce_src) or None, finish or None)
@@ -288,9 +289,10 @@ class Mesh:
                         if finish is not None:
                             finish(red[0])
                 if heard:
-                    self.heard_at[c.world] = time.monotonic()
+                    self.heard_at[c.world] = c.moved = time.monotonic()
                 sends = c.sends
                 ns = len(sends)
+                sent = False
                 while c.si < ns:
                     buf, dep, need = sends[c.si]
                     if dep is not None and dep.ri < need:
@@ -302,13 +304,15 @@ class Mesh:
                         break
                     except OSError as exc:
                         raise self._lost(view, c.world, what, f"sending failed: {exc}") from None
-                    progressed = True
+                    progressed = sent = True
                     off += k
                     if off < len(buf):
                         c.soff = off
                         break
                     c.soff = 0
                     c.si += 1
+                if sent:   # the peer takes in what this rank sends: alive, though it may not have sent yet
+                    c.moved = time.monotonic()
                 if c.ri < nr or c.si < ns:
                     unfinished = True
             if not unfinished:
@@ -328,11 +332,12 @@ class Mesh:
             self._wait(active, deadline - now, view, what)
 
     def _check_silence(self, active: List[Channel], started: float, now: float, view: PeerNames, what: str) -> None:
-        """Fail naming a peer this rank still expects bytes from when nothing at all arrived from it for the timeout,
-        even while other peers keep the plan moving (a frozen peer must not be waited past because a healthy one
-        still reads what this rank sends)."""
+        """Fail naming a peer this rank still expects bytes from when no bytes moved with it, either way, for the
+        timeout, even while other peers keep the plan moving (a frozen peer must not be waited past because a healthy
+        one still reads what this rank sends). A peer still taking in this rank's bytes is alive: it may only be
+        late to start sending (the kernel's buffers hold a few MiB, so a frozen one stops taking them at once)."""
         for c in active:
-            if c.ri < len(c.recvs) and now - max(self.heard_at[c.world], started) > self.timeout:
+            if c.ri < len(c.recvs) and now - max(self.heard_at[c.world], c.moved, started) > self.timeout:
                 raise self._timed_out(view, [c], what)
 
     def exchange(self, dst: Optional[int], sview: Optional[memoryview], src: Optional[int],

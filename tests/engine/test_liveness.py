@@ -71,7 +71,7 @@ def test_collective_longer_than_timeout_then_next_one_works(transport):
     if reason:
         pytest.skip(reason)
     timeout = 3.0   # each stop lasts a third of it: a loaded machine must not make the throttled peer look silent
-    results = run(throttled_worker, 2, transport, args=(128, timeout, 1.0, 0.5), timeout=600,
+    results = run(throttled_worker, 2, transport, args=(256, timeout, 1.0, 0.5), timeout=600,
                   env={"HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout))})
     for rank, out in enumerate(results):
         assert not out["bad"], f"rank {rank}: {out['bad']}"
