@@ -11,9 +11,10 @@ import pytest
 from engine_helpers import run, transport_skip_reason
 
 
-def throttled_worker(mib: int, timeout: float, stop_s: float, run_s: float) -> dict:
+def throttled_worker(mib: int, timeout: float, stop_s: float, run_s: float, attempts: int) -> dict:
     """Rank 0 throttles rank 1 (SIGSTOP for ``stop_s``, SIGCONT for ``run_s``, each stop shorter than the timeout)
-    while a large allreduce runs, so that it lasts several timeouts; then tiny allreduces must still work."""
+    while a large allreduce runs, so that it lasts several timeouts; then tiny allreduces must still work. Up to
+    ``attempts`` rounds (larger each time), until one lasted twice the timeout (rank 0 decides)."""
     import os
     import signal
     import threading
@@ -26,40 +27,43 @@ def throttled_worker(mib: int, timeout: float, stop_s: float, run_s: float) -> d
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     pids = hvd.allgather_object(os.getpid())
-    big = np.full(mib * (1 << 20) // 4, rank + 1, np.float32)
-    stop = threading.Event()
+    bad, took = [], []
+    for attempt in range(attempts):
+        big = np.full((attempt + 1) * mib * (1 << 20) // 4, rank + 1, np.float32)
+        stop = threading.Event()
 
-    def throttle() -> None:
-        while not stop.is_set():
-            os.kill(pids[1], signal.SIGSTOP)
-            stop.wait(stop_s)
-            os.kill(pids[1], signal.SIGCONT)
-            stop.wait(run_s)
+        def throttle(stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                os.kill(pids[1], signal.SIGSTOP)
+                stop.wait(stop_s)
+                os.kill(pids[1], signal.SIGCONT)
+                stop.wait(run_s)
 
-    bad = []
-    thread = threading.Thread(target=throttle, daemon=True) if rank == 0 else None
-    start = time.monotonic()
-    if thread is not None:
-        thread.start()
-    try:
-        out = hvd.allreduce(big, op=hvd.Sum, name="big")
-    finally:
-        stop.set()
+        thread = threading.Thread(target=throttle, daemon=True) if rank == 0 else None
+        start = time.monotonic()
         if thread is not None:
-            thread.join()
-            os.kill(pids[1], signal.SIGCONT)
-    took = time.monotonic() - start
-    want = size * (size + 1) / 2
-    if not (out == want).all():
-        bad.append(f"big: {np.count_nonzero(out != want)} wrong elements, e.g. {out[out != want][:3]}")
-    del out, big
-    for i in range(3):
-        tiny = hvd.allreduce(np.full(4, rank, np.float32), op=hvd.Sum, name=f"tiny{i}")
-        if not (tiny == size * (size - 1) / 2).all():
-            bad.append(f"tiny{i}: got {tiny}")
-        time.sleep(timeout / 2)   # idle between collectives: the heartbeats alone must keep the peers alive
+            thread.start()
+        try:
+            out = hvd.allreduce(big, op=hvd.Sum, name=f"big{attempt}")
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join()
+                os.kill(pids[1], signal.SIGCONT)
+        took.append(time.monotonic() - start)
+        want = size * (size + 1) / 2
+        if not (out == want).all():
+            bad.append(f"big{attempt}: {np.count_nonzero(out != want)} wrong elements, e.g. {out[out != want][:3]}")
+        del out, big
+        for i in range(3):
+            tiny = hvd.allreduce(np.full(4, rank, np.float32), op=hvd.Sum, name=f"tiny{attempt}.{i}")
+            if not (tiny == size * (size - 1) / 2).all():
+                bad.append(f"tiny{attempt}.{i}: got {tiny}")
+            time.sleep(timeout / 2)   # idle between collectives: the heartbeats alone must keep the peers alive
+        if hvd.broadcast_object(took[-1] >= 2 * timeout, 0, name=f"enough{attempt}"):
+            break
     hvd.shutdown()
-    return {"took": took, "bad": bad}
+    return {"took": max(took), "bad": bad}
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
@@ -71,11 +75,11 @@ def test_collective_longer_than_timeout_then_next_one_works(transport):
     if reason:
         pytest.skip(reason)
     timeout = 3.0   # each stop lasts a third of it: a loaded machine must not make the throttled peer look silent
-    results = run(throttled_worker, 2, transport, args=(256, timeout, 1.0, 0.5), timeout=600,
+    results = run(throttled_worker, 2, transport, args=(128, timeout, 1.0, 0.5, 3), timeout=900,
                   env={"HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout))})
     for rank, out in enumerate(results):
         assert not out["bad"], f"rank {rank}: {out['bad']}"
-    took = min(out["took"] for out in results)
+    took = results[0]["took"]
     if took < 2 * timeout:   # the outcome is what is asserted; this only says the case was not reached
         pytest.skip(f"the throttled allreduce took only {took:.1f} s here, not several times the {timeout} s timeout")
 
