@@ -20,6 +20,8 @@ FAST_TIER = (
     "tests/transport/test_transport_conformance.py::test_subgroups[shm-np3]",
     # engine: its unit tests (negotiation, fusion, cache, config) and one init/shutdown cycle over real ranks
     "tests/engine/test_engine_units.py",
+    "tests/engine/test_liveness.py::test_queued_bytes_count_as_life_and_the_same_queue_does_not",
+    "tests/engine/test_liveness.py::test_control_reads_by_any_path_count_as_life",
     "tests/engine/test_engine_lifecycle.py::test_shutdown_then_init_with_other_process_sets",
     # common: the adapters every binding shares, the elastic bookkeeping
     "tests/test_binding_adapters.py",

@@ -16,8 +16,9 @@ CORE = ("transport", "engine", "common")
 # grows it belongs in a part (horovod/engine/drive.py, intake.py, ...).
 TIGHTER = {"horovod/engine/runtime.py": 300}
 # The core layers together. Every engine feature costs lines here; raise the budget deliberately, in the commit
-# that needs it, saying why.
-CORE_BUDGET = 15200
+# that needs it, saying why. Session 9 ended at 15,742 (typed and checked knobs, the GPU watchdog, liveness that
+# counts every byte, abandoned elastic epochs).
+CORE_BUDGET = 16000
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {

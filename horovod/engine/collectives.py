@@ -14,7 +14,7 @@ issue order).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from horovod.engine.errors import InvalidArgumentError
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
 from horovod.engine.naming import JOIN_NAME, group_names, reset_names, tensor_name  # noqa: F401  (the engine API)
+
+if TYPE_CHECKING:   # the runtime never imports this module
+    from horovod.engine.runtime import Runtime
 
 
 def _runtime():
@@ -68,8 +71,31 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
             # Tiny reductions ride along with the request; the coordinator reduces them (see negotiation).
             req.payload = tensor.tobytes()
         entries.append(Entry(req, tensor, outputs[i] if outputs else None, handle, i))
-    runtime.enqueue(entries, attended)
-    return handle
+    while True:
+        try:
+            runtime.enqueue(entries, attended)
+            return handle
+        except ValueError:
+            if not attended or not _after_same_names(runtime, entries):
+                raise
+
+
+def _after_same_names(runtime: "Runtime", entries: Sequence[Entry]) -> bool:
+    """A blocking call whose name another thread of this rank has in flight waits for that collective, then runs
+    as the next one of that name (issue 38, E3). Refusing it instead depends on timing: where the first call had
+    already finished, the second is a new collective, so the ranks would disagree on how many there are and one
+    would hang. Waiting gives every rank the same collectives whichever order its threads came in. Returns False
+    when no such collective is in flight (the ValueError was about something else)."""
+    engine = runtime.state
+    with engine.lock:
+        first = [engine.inflight.get((e.request.process_set, e.request.name)) for e in entries]
+    handles = {id(e.handle): e.handle for e in first if e is not None}
+    for other in handles.values():
+        try:
+            other.wait()   # drives it when nobody else does; its failure is its own caller's to report
+        except Exception:  # noqa: BLE001  (the retried enqueue raises if the engine failed)
+            pass
+    return bool(handles)
 
 
 def _splits_of(splits: Optional[Sequence[Optional[Sequence[int]]]], i: int) -> Optional[tuple]:

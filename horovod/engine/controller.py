@@ -185,6 +185,26 @@ class ControlPlane:
         with self._send_locks[peer]:
             sockets.send_frame(sock, payload, peer=f"rank {peer}")
 
+    def try_send_bytes(self, peer: int, payload: bytes) -> bool:
+        """Send ``payload`` unless another thread is sending to ``peer`` right now (then False: its frame is on the
+        way, which is what a heartbeat is for; a heartbeat must never wait behind a large message)."""
+        sock = self.peers.get(peer)
+        lock = self._send_locks.get(peer)
+        if sock is None or lock is None:
+            raise PeerError(f"no control connection to rank {peer} (it was closed)", peer=peer)
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            sockets.send_frame(sock, payload, peer=f"rank {peer}")
+        finally:
+            lock.release()
+        return True
+
+    def last_heard(self, peer: int) -> float:
+        """When (``time.monotonic()``) the last byte from ``peer`` was read, by whatever path read it; 0.0 if never."""
+        reader = self._readers.get(peer)
+        return 0.0 if reader is None else reader.heard_at
+
     def broadcast(self, message: ControlMessage) -> List[int]:
         """Send ``message`` to every worker (pickled once); returns the ranks that could not be reached."""
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -284,6 +304,7 @@ class FrameReader:
     def __init__(self, sock: socket.socket, peer: str):
         self.sock, self.peer = sock, peer
         self._buf = bytearray()
+        self.heard_at = 0.0   # when a byte last arrived (liveness: every byte from the peer counts as life)
         # recv_into a reused buffer: ``recv(n)`` would allocate (and map) n bytes on every call.
         self._chunk = bytearray(self._CHUNK)
         self._view = memoryview(self._chunk)
@@ -302,6 +323,7 @@ class FrameReader:
                 # matters; saying it here too printed the same sentence twice.
                 raise PeerError(f"end of stream from {self.peer} (recv returned no bytes)", peer=self.peer)
             self._buf += self._view[:n]
+            self.heard_at = time.monotonic()
             if n < self._CHUNK:
                 break
         header = self._LEN.size

@@ -79,7 +79,9 @@ class Runtime:
             config=config, rank=rank, size=size, transport_name=transport_name or world.name, world=world,
             control=control, job=job, executor=executor, timeline=timeline,
             recorder=FlightRecorder(config.flight_recorder_size),   # [hang doctor] the last collectives
-            liveness=Liveness(control.peers, control.send_bytes, config.gloo_timeout_seconds),
+            # Every byte from a peer counts as life, on the control plane and the data plane (issue 38, E2).
+            liveness=Liveness(control.peers, control.send_bytes, config.gloo_timeout_seconds, control=control,
+                              world=world),
             request_cache=RequestCache(config.cache_capacity),   # this rank's own requests
             sets=sets,
             coordinator=Coordinator(size, config.cache_capacity) if rank == 0 else None,

@@ -11,6 +11,7 @@ protocol says; torch reaches those bits through an int16 view (numpy has no bflo
 """
 from __future__ import annotations
 
+import logging
 from typing import List, Optional
 
 import numpy as np
@@ -19,6 +20,8 @@ import torch
 from horovod.common.adapter import BFLOAT16, TensorAdapter, View
 from horovod.engine.device import DeviceArray, HostOrDevice
 from horovod.torch import cuda
+
+logger = logging.getLogger(__name__)
 
 # torch dtype -> engine dtype name (the engine's numpy dtype for it is ops.storage_dtype(name)).
 _ENGINE_DTYPE = {
@@ -57,6 +60,66 @@ def to_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def _current_graph_task() -> int:
+    """The id of the autograd graph task this thread runs (-1 outside ``backward``)."""
+    try:
+        return int(torch._C._current_graph_task_id())
+    except (AttributeError, RuntimeError):
+        return -1
+
+
+class ModifiedWhileInFlight(ValueError):
+    """A tensor was modified in place while an asynchronous collective on it ran (see :class:`TorchView`); a misuse,
+    like a duplicate name, so a ValueError (never a HorovodInternalError, which an elastic job would take for a
+    failed peer)."""
+
+
+class TorchView(View[HostOrDevice]):
+    """A :class:`View` that remembers the tensor's version counter when the collective started.
+
+    The rule for asynchronous collectives (docs/reliability.md): a tensor handed to one must not be modified until
+    ``synchronize`` returns; the engine reads (and, in place, writes) its memory meanwhile, so a change gives a
+    result that depends on timing. torch counts every in-place change of a tensor (``_version``): ``synchronize``
+    compares, and raises :class:`ModifiedWhileInFlight` instead of returning such a result. Checked for tensors
+    in CPU memory that the engine reads directly, and for staged copies written back in place (the change would be
+    silently overwritten); a staged input of an out-of-place collective is a private copy and cannot be affected.
+    A collective started inside ``backward`` (DistributedOptimizer's gradient hooks) only logs a warning: its
+    caller synchronizes many handles in a row, and an error in the middle would leave the rest in flight.
+    """
+
+    __slots__ = ("version", "in_backward")
+
+    def __init__(self, tensor: torch.Tensor, array: HostOrDevice, dtype: Optional[str], staged: bool):
+        super().__init__(tensor, array, dtype, staged)
+        try:
+            self.version: Optional[int] = tensor._version
+        except RuntimeError:   # inference tensors have no version counter
+            self.version = None
+        # Started from a backward hook (DistributedOptimizer's gradients): the caller is an optimizer that
+        # synchronizes many handles in a row, and must not be left half done; it gets a warning instead.
+        self.in_backward = _current_graph_task() >= 0
+
+    def check_unchanged(self, inplace: bool) -> None:
+        tensor = self.tensor
+        if self.version is None or (self.staged and not inplace) or isinstance(self.array, DeviceArray):
+            return
+        now = tensor._version
+        if now != self.version:
+            if self.in_backward:
+                logger.warning(
+                    "a %s gradient of shape %s was modified in place (version %d -> %d) while its allreduce, "
+                    "started by a backward hook, was running: its reduced value depends on timing (a second "
+                    "backward before optimizer.step(), or a hook writing into .grad?)", tensor.dtype,
+                    tuple(tensor.shape), self.version, now)
+                return
+            raise ModifiedWhileInFlight(
+                f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)} was modified in place (its version went "
+                f"from {self.version} to {now}) while a Horovod {'in-place ' if inplace else ''}collective on it "
+                f"was running: the result would depend on timing (old and new values mixed). Do not write to a "
+                f"tensor between an *_async call and synchronize(); copy it first (tensor.clone()) if you need to "
+                f"keep working on it.")
+
+
 class TorchAdapter(TensorAdapter[HostOrDevice]):
     """torch tensors of any device: CPU memory is viewed, everything else staged through host memory."""
 
@@ -74,7 +137,7 @@ class TorchAdapter(TensorAdapter[HostOrDevice]):
         staged = host.device.type != "cpu" or not host.is_contiguous() or host.is_neg()
         if staged:
             host = host.resolve_neg().to("cpu", memory_format=torch.contiguous_format, copy=True)
-        return View(tensor, numpy_view(host), BFLOAT16 if dtype == BFLOAT16 else None, staged)
+        return TorchView(tensor, numpy_view(host), BFLOAT16 if dtype == BFLOAT16 else None, staged)
 
     @staticmethod
     def _cuda_view(tensor: torch.Tensor, dtype: str) -> View[HostOrDevice]:
@@ -94,6 +157,8 @@ class TorchAdapter(TensorAdapter[HostOrDevice]):
         return super().fresh_output(view)
 
     def result(self, array: HostOrDevice, view: View[HostOrDevice]) -> torch.Tensor:
+        if isinstance(view, TorchView):
+            view.check_unchanged(inplace=False)
         tensor = view.tensor
         if isinstance(array, DeviceArray):
             return cuda.wait_done(array)
@@ -108,6 +173,8 @@ class TorchAdapter(TensorAdapter[HostOrDevice]):
         return tensor
 
     def finish_inplace(self, view: View[HostOrDevice]) -> torch.Tensor:
+        if isinstance(view, TorchView):
+            view.check_unchanged(inplace=True)
         if isinstance(view.array, DeviceArray) and not view.staged:
             cuda.wait_done(view.array)
             return view.tensor

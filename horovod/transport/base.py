@@ -137,6 +137,11 @@ class Transport(abc.ABC):
     def subgroup(self, ranks: Sequence[int]) -> "Transport":
         """A transport over ``ranks`` (group ranks, sorted) of this group; the caller must be one of them."""
 
+    def last_heard(self, rank: int) -> float:
+        """When (``time.monotonic()``) a byte from group rank ``rank`` last arrived on this transport; 0.0 when
+        unknown. The engine's liveness counts data-plane traffic as life (horovod/engine/liveness.py)."""
+        return 0.0
+
     def close(self) -> None:  # noqa: B027  (a no-op by default: LocalTransport holds nothing to release)
         """Release sockets, segments and threads.  Idempotent."""
 

@@ -155,6 +155,11 @@ class HierarchicalTransport(Transport):
     def barrier(self):
         self.flat.barrier()
 
+    def last_heard(self, rank: int) -> float:
+        group = self.groups[self.group_index]
+        local = self.local.last_heard(group.index(rank)) if rank in group else 0.0
+        return max(self.flat.last_heard(rank), local)
+
     def subgroup(self, ranks):
         if list(ranks) == list(range(self.size)):
             return self

@@ -232,6 +232,7 @@ class ShmGroup(Transport):
         node = self._node
         deadline = time.monotonic() + timeout
         left = pending()
+        waited = list(left)
         while left:
             dead = [q for q in left if self._members[q] in node.gone]
             if dead:
@@ -253,7 +254,17 @@ class ShmGroup(Transport):
                     node.gone.add(self._members[q])
                     self._poller.unregister(fd)  # a hung-up socket stays readable: never poll it again
             left = pending()
+            if len(left) < len(waited):
+                # A peer that arrived is alive (the engine's liveness counts it: only slow waits pay for the clock).
+                now = time.monotonic()
+                for q in waited:
+                    if q not in left:
+                        node.heard_at[self._members[q]] = now
+                waited = list(left)
         return left
+
+    def last_heard(self, rank: int) -> float:
+        return self._node.heard_at.get(self._members[rank], 0.0) if 0 <= rank < self.size else 0.0
 
     def wake(self, peers: Sequence[int]) -> None:
         """Wake the group ranks ``peers`` (each sleeping in :meth:`block_until` or a collective re-checks)."""

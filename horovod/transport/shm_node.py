@@ -238,6 +238,7 @@ class Node:
         self.wake_r, self.wake_w = _make_wake()
         self.peers: Dict[int, _Peer] = {}
         self.gone: set = set()  # world ranks whose socket hung up
+        self.heard_at: Dict[int, float] = {}   # world rank -> when it was last seen to progress (a slow wait only)
         self.groups: Dict[Tuple[int, ...], Group] = {}   # of ``group_type``
         self.world: Optional[Group] = None
         self.closed = False

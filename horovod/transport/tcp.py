@@ -366,6 +366,9 @@ class TcpTransport(Transport):
         mesh.exchange(None if dest is None else self.members[dest], sview,
                       None if source is None else self.members[source], rview, what, self)
 
+    def last_heard(self, rank: int) -> float:
+        return self._mesh.heard_at[self.members[rank]] if 0 <= rank < self.size else 0.0
+
     # -- groups and lifetime
 
     def subgroup(self, ranks: Sequence[int]) -> "TcpTransport":

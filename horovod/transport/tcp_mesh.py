@@ -63,10 +63,11 @@ def as_bytes(arr: np.ndarray) -> memoryview:
 class Channel:
     """The traffic with one peer inside one collective: ordered sends and ordered receives."""
 
-    __slots__ = ("world", "sock", "sends", "si", "soff", "recvs", "ri", "roff")
+    __slots__ = ("world", "sock", "sends", "si", "soff", "recvs", "ri", "roff", "moved")
 
     def __init__(self, world: int, sock: socket.socket):
         self.world, self.sock = world, sock
+        self.moved = 0.0   # when bytes last moved with this peer, either way (time.monotonic())
         self.sends: List[tuple] = []  # (view, dep_chan or None, dep_count)
         self.si = self.soff = 0
         self.recvs: List[tuple] = []  # (view, (reduce_dst, reduce_src) or None, finish or None)
@@ -130,6 +131,9 @@ class Mesh:
         self.socks = socks
         self.failed: Optional[TransportError] = None
         self.closed = False
+        # When a byte last arrived from each world rank (time.monotonic()): life for the engine's liveness, and which
+        # peer to name when a collective stops making progress.
+        self.heard_at: List[float] = [0.0] * self.size
         self._scratch: Dict[int, np.ndarray] = {}
         for s in socks:
             if s is not None:
@@ -252,10 +256,13 @@ class Mesh:
         if not active:
             return
         deadline = None
+        started = time.monotonic()
+        look_at = started + self.timeout   # when to look for a silent peer while others keep the plan moving
         while True:
             progressed = False
             unfinished = False
             for c in active:
+                heard = False
                 recvs = c.recvs
                 nr = len(recvs)
                 while c.ri < nr:
@@ -270,7 +277,7 @@ class Mesh:
                     if k == 0:
                         raise self._lost(view, c.world, what, f"it closed the connection with "
                                          f"{c.pending_recv_bytes()} bytes still expected from it")
-                    progressed = True
+                    progressed = heard = True
                     off += k
                     if off < len(buf):
                         c.roff = off
@@ -281,8 +288,11 @@ class Mesh:
                         reduce_into(red[0], red[1], op)
                         if finish is not None:
                             finish(red[0])
+                if heard:
+                    self.heard_at[c.world] = c.moved = time.monotonic()
                 sends = c.sends
                 ns = len(sends)
+                sent = False
                 while c.si < ns:
                     buf, dep, need = sends[c.si]
                     if dep is not None and dep.ri < need:
@@ -294,19 +304,25 @@ class Mesh:
                         break
                     except OSError as exc:
                         raise self._lost(view, c.world, what, f"sending failed: {exc}") from None
-                    progressed = True
+                    progressed = sent = True
                     off += k
                     if off < len(buf):
                         c.soff = off
                         break
                     c.soff = 0
                     c.si += 1
+                if sent:   # the peer takes in what this rank sends: alive, though it may not have sent yet
+                    c.moved = time.monotonic()
                 if c.ri < nr or c.si < ns:
                     unfinished = True
             if not unfinished:
                 return
             if progressed:
                 deadline = None
+                now = time.monotonic()
+                if now >= look_at:
+                    self._check_silence(active, started, now, view, what)
+                    look_at = now + min(1.0, self.timeout / 4)
                 continue
             now = time.monotonic()
             if deadline is None:
@@ -314,6 +330,15 @@ class Mesh:
             elif now >= deadline:
                 raise self._timed_out(view, active, what)
             self._wait(active, deadline - now, view, what)
+
+    def _check_silence(self, active: List[Channel], started: float, now: float, view: PeerNames, what: str) -> None:
+        """Fail naming a peer this rank still expects bytes from when no bytes moved with it, either way, for the
+        timeout, even while other peers keep the plan moving (a frozen peer must not be waited past because a healthy
+        one still reads what this rank sends). A peer still taking in this rank's bytes is alive: it may only be
+        late to start sending (the kernel's buffers hold a few MiB, so a frozen one stops taking them at once)."""
+        for c in active:
+            if c.ri < len(c.recvs) and now - max(self.heard_at[c.world], c.moved, started) > self.timeout:
+                raise self._timed_out(view, [c], what)
 
     def exchange(self, dst: Optional[int], sview: Optional[memoryview], src: Optional[int],
                  rview: Optional[memoryview], what: str, view: PeerNames) -> None:
@@ -358,6 +383,7 @@ class Mesh:
                 raise self._lost(view, src, what, f"it closed the connection with {n - off} bytes still expected "
                                  f"from it")
             if k > 0:
+                self.heard_at[src] = time.monotonic()
                 off += k
                 if off == n:
                     return
@@ -422,7 +448,8 @@ class Mesh:
         waiting = [c for c in active if c.ri < len(c.recvs)]
         blocked = [c for c in active if c.si < len(c.sends)]
         if waiting:
-            c = waiting[0]
+            # The peer silent longest: a peer that sent until a moment ago is alive, and may wait for that one.
+            c = min(waiting, key=lambda ch: self.heard_at[ch.world])
             msg = (f"timed out after {self.timeout:.1f} s waiting for {view.describe(c.world)} during {what}: "
                    f"{c.pending_recv_bytes()} bytes still expected from it and nothing arrived")
         else:
