@@ -204,7 +204,7 @@ def _on_dump_signal(signum, frame) -> None:
     rt = _state.current
     if rt is None:
         return
-    threading.Thread(target=flight_dump.dump, args=(rt, "SIGUSR1"), name="horovod-dump", daemon=True).start()
+    threading.Thread(target=flight_dump.dump, args=(rt.state, "SIGUSR1"), name="horovod-dump", daemon=True).start()
     flight_dump.signal_children(signum)
 
 

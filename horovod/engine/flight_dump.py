@@ -27,7 +27,10 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+
+if TYPE_CHECKING:   # the state's modules reach this one only through the parts that fail or stall
+    from horovod.engine.engine_state import EngineState
 
 logger = logging.getLogger("horovod.engine.runtime")
 
@@ -163,7 +166,7 @@ def thread_stacks() -> List[Dict[str, Any]]:
     return out
 
 
-def _coordinator_view(runtime: Any) -> Optional[List[Dict[str, Any]]]:
+def _coordinator_view(runtime: "EngineState") -> Optional[List[Dict[str, Any]]]:
     """Rank 0: what the coordinator waits for, per process set (who submitted what, who is missing)."""
     coord = getattr(runtime, "coordinator", None)
     if coord is None:
@@ -203,18 +206,19 @@ def _write(record: Dict[str, Any], where: str, generation: int, rank: int) -> st
     return path
 
 
-def dump(runtime: Any, reason: str) -> Optional[str]:
+def dump(runtime: "EngineState", reason: str) -> Optional[str]:
     """Write this rank's dump; returns its path (``None`` when writing failed: logged)."""
     try:
         recorder = runtime.recorder
         config = runtime.config
-        child = os.getpid() != getattr(runtime, "_pid", os.getpid())
-        record = {
+        child = os.getpid() != runtime.pid
+        generation = runtime.flight_generation
+        record: Dict[str, Any] = {
             "format": FORMAT, "reason": reason, "job": _job_id(config),
-            "generation": getattr(runtime, "flight_generation", 0),
+            "generation": generation,
             "rank": runtime.rank, "size": runtime.size, "host": socket.gethostname(), "pid": os.getpid(),
             "parent_pid": os.getppid(), "role": "child" if child else "rank",
-            "transport": getattr(runtime, "transport_name", ""),
+            "transport": runtime.transport_name,
             "wall_time": time.time(), "monotonic": time.monotonic(),
             "process_sets": {str(i): list(s.ranks) for i, s in list(runtime.sets.items())},
             "collectives_enqueued": recorder.count, "recorder_capacity": recorder.capacity,
@@ -223,7 +227,7 @@ def dump(runtime: Any, reason: str) -> Optional[str]:
             "dead": None if runtime.dead is None else str(runtime.dead),
             "threads": thread_stacks(),
         }
-        path = _write(record, directory(config), record["generation"], runtime.rank)
+        path = _write(record, directory(config), generation, runtime.rank)
         # A signalled dump is the launcher's (it prints the verdict) or the user's own request: no warning per rank.
         logger.log(logging.INFO if reason == "SIGUSR1" else logging.WARNING,
                    "Horovod flight recorder dump (%s) written to %s; diagnose with: python -m horovod.doctor %s",
@@ -234,7 +238,7 @@ def dump(runtime: Any, reason: str) -> Optional[str]:
         return None
 
 
-def dump_once(runtime: Any, reason: str, key: str) -> Optional[str]:
+def dump_once(runtime: "EngineState", reason: str, key: str) -> Optional[str]:
     """:func:`dump` unless this engine already dumped for ``key`` (a stall is dumped once, not every check)."""
     done = runtime.__dict__.setdefault("_flight_dumped", set())
     if key in done:
@@ -243,14 +247,14 @@ def dump_once(runtime: Any, reason: str, key: str) -> Optional[str]:
     return dump(runtime, reason)
 
 
-def on_stall_warning(runtime: Any) -> None:
+def on_stall_warning(runtime: "EngineState") -> None:
     """The stall inspector (the coordinator's, or the fast lane's on a waiting rank) warned: dump here once, and
     ask the launcher to have every rank dump (it signals them, so ranks stuck outside Horovod dump too)."""
     if dump_once(runtime, "stall warning", "stall-warning"):
         request_all(runtime, "stall warning")
 
 
-def request_all(runtime: Any, reason: str) -> None:
+def request_all(runtime: "EngineState", reason: str) -> None:
     """Ask the launcher (through the rendezvous store) to have every rank dump: it signals them, so ranks stuck
     outside Horovod dump too.  Under ``mpirun`` rank 0 is that launcher (:func:`collect_under_mpirun`).  Best
     effort, off the calling thread."""
@@ -271,7 +275,7 @@ def request_all(runtime: Any, reason: str) -> None:
     threading.Thread(target=send, name="horovod-dump-request", daemon=True).start()
 
 
-def announce(runtime: Any, handles_signal: bool) -> None:
+def announce(runtime: "EngineState", handles_signal: bool) -> None:
     """Tell the launcher where this rank runs (host and pid), so it can watch it, and whether SIGUSR1 makes it dump
     (when the user's program handles SIGUSR1 itself, the launcher must not send it)."""
     store = getattr(runtime, "store", None)
@@ -423,7 +427,7 @@ def write_process_view(where: str, reason: str, view: Mapping[str, dict], genera
         pass
 
 
-def collect_under_mpirun(runtime: Any, reason: str) -> None:
+def collect_under_mpirun(runtime: "EngineState", reason: str) -> None:
     """Under ``mpirun``, rank 0 does what our launchers do: signal the ranks on its host (they announced their pids
     in the store rank 0 serves), wait for their dumps, and log the doctor's verdict on the job's directory.  The
     verdict comes from ``python -m horovod.doctor`` in a child process: the doctor sits above the engine.  Off

@@ -88,7 +88,7 @@ def test_a_dump_never_lands_in_a_directory_someone_else_may_write(tmp_root):
     (tmp_root / flight_dump.DEFAULT_DIR_NAME).mkdir(mode=0o777)
     hvd.init()
     try:
-        path = flight_dump.dump(basics.runtime(), "test")
+        path = flight_dump.dump(basics.runtime().state, "test")
     finally:
         hvd.shutdown()
     assert path is not None and os.path.dirname(path) == f"{tmp_root / flight_dump.DEFAULT_DIR_NAME}-{os.getuid()}"

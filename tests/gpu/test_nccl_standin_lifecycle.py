@@ -91,8 +91,9 @@ def _lost_work_job():
     if hvd.rank() == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     runtime = engine_state.current
+    assert runtime is not None
     deadline = time.monotonic() + 120
-    while runtime._dead is None and time.monotonic() < deadline:   # the peer's death ends this engine
+    while runtime.state.dead is None and time.monotonic() < deadline:   # the peer's death ends this engine
         time.sleep(0.05)
     try:
         ObjectState(hvd.broadcast_object, hvd.rank, epoch=1).commit()
