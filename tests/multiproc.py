@@ -480,9 +480,18 @@ def _collect(np: int, started: List[int], procs: Dict[int, Any], job_dir: str, t
     bad = sorted((o for o in outcomes if o.status != "ok"), key=lambda o: (o.status != "error", o.rank))
     if bad:
         o = bad[0]
+        # The first failure in full; the others in a line each: a rank that failed for its own reason (not only
+        # because a peer went away) is often the cause, and would otherwise stay hidden.
+        others = "".join(f"\nalso rank {b.rank} {'failed' if b.status == 'error' else 'died'}: "
+                         f"{_last_line(str(b.value))}" for b in bad[1:])
         raise RankFailed(f"rank {o.rank} {'failed' if o.status == 'error' else 'died'}:\n{o.value}\n"
-                         f"--- output ---\n{o.output[-2000:]}")
+                         f"--- output ---\n{o.output[-2000:]}{others}")
     return [o.value for o in outcomes]
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else "(no message)"
 
 
 def output_lines(proc: subprocess.Popen, seconds: float) -> Iterator[str]:
