@@ -219,7 +219,7 @@ class DeviceExecutor:
         if notify is not None:
             notify(error)
 
-    def close(self, abort: bool = True, timeout: float = 30.0) -> Optional[TransportError]:
+    def close(self, abort: bool = True, timeout: float = 30.0, reason: str = "") -> Optional[TransportError]:
         """Free the communicators: aborted after a failure (kernels waiting for a dead peer end); after an orderly
         shutdown destroyed once the engine's streams finished (aborted if they have not within ``timeout``).
 
@@ -235,7 +235,9 @@ class DeviceExecutor:
         elif self.watchdog.failure is not None:
             abort = True
         if abort:
-            self.watchdog.abandon(f"the engine of rank {self.host.rank} ended after a failure")
+            # Pending work fails with why the engine ended (often a peer's watchdog, relayed), not only that it did.
+            self.watchdog.abandon(f"the engine of rank {self.host.rank} ended after a failure"
+                                  + (f" ({reason})" if reason else ""))
         self.watchdog.stop()
         for comm in [c for plane in self._planes.values() for c in plane.comms] + self._retired:
             try:

@@ -79,10 +79,11 @@ class Executor:
             self._devices = DeviceExecutor(self, DeviceOptions.from_config(self.config))
         return self._devices
 
-    def close(self, abort: bool = True) -> None:
-        """Free device resources (NCCL communicators: aborted after a failure so no GPU waits for a dead peer)."""
+    def close(self, abort: bool = True, reason: str = "") -> None:
+        """Free device resources (NCCL communicators: aborted after a failure so no GPU waits for a dead peer;
+        ``reason``: why the engine ended, for the pending GPU work's error)."""
         if self._devices is not None:
-            self._device_error = self._devices.close(abort)
+            self._device_error = self._devices.close(abort, reason=reason)
             self._devices = None
 
     def forget_set(self, set_id: int) -> None:

@@ -121,7 +121,8 @@ class Teardown:
         try:
             # After an orderly shutdown the GPU finishes what was enqueued; after a failure NCCL is aborted, so no
             # kernel waits for a dead peer.
-            self.state.executor.close(abort=not isinstance(self.state.dead, ShutdownError))
+            dead = self.state.dead
+            self.state.executor.close(abort=not isinstance(dead, ShutdownError), reason=str(dead or ""))
         except Exception:
             logger.debug("closing the device data plane failed", exc_info=True)
         for info in list(self.state.sets.values()):
