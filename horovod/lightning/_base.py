@@ -151,7 +151,7 @@ class _HorovodStrategyMixin(_StrategyBase):
         from lightning_utilities.core.rank_zero import rank_zero_only
 
         _init()
-        rank_zero_only.rank = hvd.rank()  # type: ignore[attr-defined]
+        rank_zero_only.rank = hvd.rank()  # type: ignore[attr-defined, unused-ignore]
 
     # -- set-up: optimizers wrapped, rank 0's state everywhere ----------------------------------------------
     def setup(self, trainer: Any) -> None:
@@ -160,15 +160,16 @@ class _HorovodStrategyMixin(_StrategyBase):
         # Every rank starts from rank 0's weights and buffers (for validate/test/predict too).
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if trainer.state.fn == "fit":
-            for optimizer in self.optimizers:
+            for optimizer in self.optimizers:  # type: ignore[has-type, unused-ignore]  # Any without Lightning
                 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     def setup_optimizers(self, trainer: Any) -> None:
         super().setup_optimizers(trainer)
         passes = self._hvd_backward_passes or max(1, int(getattr(trainer, "accumulate_grad_batches", 1)))
         self._hvd_unwrap_all()
-        wrapped = [self._hvd_wrap(opt, passes) for opt in self.optimizers]
-        self._hvd_wrapped = [w for w, o in zip(wrapped, self.optimizers) if w is not o]
+        optimizers = list(self.optimizers)  # type: ignore[has-type, unused-ignore]  # Any without Lightning
+        wrapped = [self._hvd_wrap(opt, passes) for opt in optimizers]
+        self._hvd_wrapped = [w for w, o in zip(wrapped, optimizers) if w is not o]
         if self._hvd_scale_lr:
             self._hvd_scale_learning_rates(wrapped)
         self.optimizers = wrapped

@@ -30,7 +30,7 @@ def _factory(strategy_module: str) -> Callable[..., Any]:
         if strategy_module == "horovod.lightning.strategy":
             from horovod.lightning.strategy import HorovodStrategy
         else:
-            from horovod.lightning.pl_strategy import HorovodStrategy  # type: ignore[assignment]  # same API
+            from horovod.lightning.pl_strategy import HorovodStrategy  # type: ignore[assignment, unused-ignore]
         return HorovodStrategy(**kwargs)
 
     return make_horovod_strategy

@@ -25,7 +25,7 @@ class HorovodEnvironment(_HorovodEnvironmentMixin, ClusterEnvironment):
 
 
 # misc: the mixin is type-checked as lightning.pytorch's ParallelStrategy, this base is pytorch_lightning's copy.
-class HorovodStrategy(_HorovodStrategyMixin, ParallelStrategy):  # type: ignore[misc]
+class HorovodStrategy(_HorovodStrategyMixin, ParallelStrategy):  # type: ignore[misc, unused-ignore]
     """Data-parallel training over the ranks ``horovodrun`` (or ``mpirun``) started: one process per device
     (the same as :class:`horovod.lightning.strategy.HorovodStrategy`, for ``pytorch_lightning``).
 

@@ -114,7 +114,7 @@ class _HorovodLocalController(LocalController):
         assert isinstance(utils, _LauncherTrainFnUtils)
         # path: where this rank's checkpoints went (Ray's own local mode, which writes none, passes None too)
         return Result(metrics=utils._get_last_metrics(), checkpoint=utils.get_checkpoint(),
-                      path=utils.checkpoint_root, error=None, return_value=value)  # type: ignore[arg-type]
+                      path=utils.checkpoint_root, error=None, return_value=value)  # type: ignore[arg-type, unused-ignore]
 
 
 class _LauncherTrainFnUtils(LocalTrainFnUtils):

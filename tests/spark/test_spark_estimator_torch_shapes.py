@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("pyarrow")   # the estimators' stores (a torch-only venv collects this file too)
 
 import cloudpickle  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
