@@ -51,8 +51,10 @@ class Settled:
         self.items: List[Pending] = []
 
     def __call__(self) -> bool:
+        # Done once the watchdog has swept the work: it reads NCCL's asynchronous errors before it marks completed
+        # work finished, so a collective whose kernels ended with an error never looks done here.
         for item in self.items:
-            if not item.finished and item.event is not None and not item.backend.query(item.event):
+            if not item.finished:
                 return False
         self.items.clear()
         return True
@@ -159,9 +161,15 @@ class Watchdog:
                     self._cond.wait()
                 if self._stopped:
                     return
-                self._sweep_locked()
-                pending = list(self._pending)
-            reason = self._check(pending)
+                tracked = list(self._pending)
+            # Asynchronous errors first, over everything tracked: work whose event completed may still have failed
+            # (its completion must not count as success), then drop what completed, then time out what is left.
+            reason = self._async_error(tracked)
+            if reason is None:
+                with self._cond:
+                    self._sweep_locked()
+                    pending = list(self._pending)
+                reason = self._timed_out(pending)
             if reason is not None:
                 self.fail(reason)
                 return
@@ -170,7 +178,7 @@ class Watchdog:
                     return
                 self._cond.wait(self.period)
 
-    def _check(self, pending: List[Pending]) -> Optional[str]:
+    def _async_error(self, pending: List[Pending]) -> Optional[str]:
         seen = set()
         for item in pending:
             for comm in item.comms:
@@ -187,6 +195,9 @@ class Watchdog:
                             f"{f' and {len(using) - 4} more' if len(using) > 4 else ''} "
                             f"{'was' if len(using) == 1 else 'were'} pending on the GPU: {error}; a peer may have died "
                             f"or its GPU or network failed")
+        return None
+
+    def _timed_out(self, pending: List[Pending]) -> Optional[str]:
         if pending and self.timeout > 0:
             oldest = pending[0]
             waited = time.monotonic() - oldest.since
