@@ -51,8 +51,6 @@ class Follower:
             self.teardown.die(PeerFailureError(f"{who} closed its control connection (the process exited or "
                                                f"crashed): {exc}. {SHUTDOWN_MESSAGE}", culprit=peer), notify=relay)
             return None
-        if messages:
-            state.liveness.heard(peer)   # whatever arrived, however it was read (not only after select), is life
         for i, msg in enumerate(messages):
             if msg.shutdown:
                 return messages[:i + 1]
