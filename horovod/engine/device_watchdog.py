@@ -119,12 +119,15 @@ class Watchdog:
         """The engine ends and its communicators are aborted: work still pending is lost.  Fail its handles (and
         the plane, so ``settle`` raises) with ``why``; returns the plane's failure (``None``: nothing was lost)."""
         with self._cond:
+            # Work that completed but was not swept yet is not lost (its results are whole): only what the GPU has
+            # not finished is named and failed.  Called before the communicators are aborted, so this is truthful.
+            self._sweep_locked()
             pending = list(self._pending)
             self._pending.clear()
             if pending and self.failure is None:
                 self.failure = TransportError(
-                    f"{why}; {len(pending)} GPU collective(s) were still pending, the first {pending[0].what}, and "
-                    f"were aborted: their results are not valid")
+                    f"{why}; {len(pending)} GPU collective(s) were still pending ({_names(pending)}) and were "
+                    f"aborted: their results are not valid")
             failure = self.failure
             self._cond.notify_all()
         for item in pending:
@@ -190,9 +193,8 @@ class Watchdog:
                 except Exception as exc:  # noqa: BLE001  (a failing query is itself the failure to report)
                     error = exc
                 if error is not None:
-                    using = [p.what for p in pending if any(c is comm for c in p.comms)]
-                    return (f"NCCL reported an asynchronous error on rank {self._rank} while {'; '.join(using[:4])}"
-                            f"{f' and {len(using) - 4} more' if len(using) > 4 else ''} "
+                    using = [p for p in pending if any(c is comm for c in p.comms)]
+                    return (f"NCCL reported an asynchronous error on rank {self._rank} while {_names(using)} "
                             f"{'was' if len(using) == 1 else 'were'} pending on the GPU: {error}; a peer may have died "
                             f"or its GPU or network failed")
         return None
@@ -229,3 +231,9 @@ class Watchdog:
             self._on_failure(self.failure)
         except Exception:  # noqa: BLE001
             logger.debug("reporting the device failure failed", exc_info=True)
+
+
+def _names(pending: Sequence[Pending], most: int = 4) -> str:
+    """The first ``most`` pieces of work, oldest first, and how many more."""
+    shown = "; ".join(p.what for p in pending[:most])
+    return shown + (f" and {len(pending) - most} more" if len(pending) > most else "")
