@@ -193,9 +193,12 @@ class Config:
         "reduced by the coordinator (one round trip instead of negotiation plus a collective); 0 disables.",
         minimum=0, maximum=MAX_BYTES)
     fast_lane: bool = knob(
-        True, "HOROVOD_FAST_LANE", "Ranks of one host agree on tiny blocking allreduces (at most "
-        "HOROVOD_INLINE_BYTES and 1 KiB) through shared memory and reduce them themselves, without the "
-        "coordinator; anything else, or a mismatch, takes the coordinator path (0 disables).")
+        True, "HOROVOD_FAST_LANE", "Ranks of one host agree on lone blocking allreduces of at most "
+        "HOROVOD_FAST_LANE_BYTES through shared memory and reduce them themselves, in one synchronisation, without "
+        "the coordinator; anything else, or a mismatch, takes the coordinator path (0 disables).")
+    fast_lane_bytes: int = knob(
+        64 * 1024, "HOROVOD_FAST_LANE_BYTES", "Largest allreduce the fast lane takes (bytes; at most 64 KiB, the "
+        "lane's payload area).", minimum=0, maximum=64 * 1024)
     # Spinning is bounded: a second of busy waiting per collective is already far past any use.
     spin_us: float = knob(
         100.0, "HOROVOD_SPIN_US", "Microseconds a rank waiting for its collective re-checks the control plane "

@@ -1,13 +1,16 @@
-"""Tiny blocking allreduces agreed on and reduced by the ranks themselves, without a round trip to the coordinator.
+"""Small blocking collectives agreed on and carried out by the ranks themselves, in one synchronisation.
 
-The coordinator path costs a tiny allreduce two control-plane hops with Python at both ends of each; a rank that
-has just computed for a while also has to be woken for each hop. On one host the ranks can do better: each posts
-its request's digest and its bytes on a board in shared memory (:mod:`horovod.engine.lane_board`), and when every
-rank posted the same digest for the same lane number, each reduces all the payloads itself, in rank order, with
-the coordinator's own arithmetic (:func:`horovod.engine.negotiation.reduce_inline`), so every rank gets the bytes
-the coordinator would have sent. Anything else (a different tensor, a mismatch, a rank busy with other work) makes
-the number *slow*, and every rank sends its request to the coordinator as before: errors, joins and stall
-reports are unchanged.
+The coordinator path costs a small collective two control-plane hops with Python at both ends of each (or, warm,
+a round and then the data-plane collective: two synchronisations); a rank that has just computed for a while also
+has to be woken for each hop. A lone blocking allreduce, broadcast or allgather of at most
+``HOROVOD_FAST_LANE_BYTES`` (64 KiB) does better on one host. Each rank posts its request's digest and its bytes
+on a board in shared memory (:mod:`horovod.engine.lane_board`; a broadcast's non-root ranks post no bytes), and
+when every rank posted the same digest for the same lane number, each computes its result from the payloads
+itself: an allreduce in rank order with the coordinator's own arithmetic
+(:func:`horovod.engine.negotiation.reduce_inline`), so every rank gets the bytes the coordinator would have sent;
+a broadcast from the root's payload; an allgather by concatenating the payloads in rank order. Anything else (a
+different tensor, a mismatch, a rank busy with other work) makes the number *slow*, and every rank sends its
+request to the coordinator as before: errors, joins and stall reports are unchanged.
 
 Why the lane numbers pair up: every collective a rank issues on the global process set — or on another set of
 every rank, which a rank may pass where another passes the global set — takes the next number (the engine posts a
@@ -21,12 +24,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple, TypeVar
+
+import numpy as np
 
 from horovod.engine import ops
 from horovod.engine.lane_board import ShmLane
 from horovod.engine.messages import Request
-from horovod.engine.negotiation import reduce_inline
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,11 @@ logger = logging.getLogger(__name__)
 HOUSEKEEPING_S = 0.05
 
 _DIGESTS_KEPT = 4096
+
+#: What the lane decides: every rank's result is a function of every rank's input, read from the board.
+LANE_KINDS = (ops.ALLREDUCE, ops.BROADCAST, ops.ALLGATHER)
+
+_R = TypeVar("_R")
 
 
 class FastLane:
@@ -48,9 +57,11 @@ class FastLane:
         stall_shutdown_s: seconds of waiting after which the engine fails with a StallError (0: never).
     """
 
-    def __init__(self, board, size: int, stall_warning_s: float = 0.0, stall_shutdown_s: float = 0.0):
+    def __init__(self, board, size: int, stall_warning_s: float = 0.0, stall_shutdown_s: float = 0.0,
+                 limit: Optional[int] = None):
         self.board = board
         self.size = size
+        self.limit = board.capacity if limit is None else min(limit, board.capacity)
         self._stall_warning_s = stall_warning_s
         self._stall_shutdown_s = stall_shutdown_s
         self._digests: Dict[Tuple, int] = {}
@@ -67,23 +78,37 @@ class FastLane:
             board.close()
             return None
         if config.stall_check_disable:
-            return cls(board, size)
+            return cls(board, size, limit=config.fast_lane_bytes)
         warn = float(config.stall_check_time_seconds)
         # as the coordinator's inspector: a shutdown time below the warning time is raised to it
         shutdown = max(warn, float(config.stall_shutdown_time_seconds)) if config.stall_shutdown_time_seconds else 0.0
-        return cls(board, size, warn, shutdown)
+        return cls(board, size, warn, shutdown, config.fast_lane_bytes)
 
     # -- posting (under the engine's lock) ---------------------------------------------------------------------
 
-    def eligible(self, req: Request) -> bool:
-        """Whether ``req`` may be proposed (the engine also checks that nothing else is in flight)."""
-        return (req.kind == ops.ALLREDUCE and isinstance(req.payload, bytes) and req.process_set == 0
-                and req.group is None and len(req.payload) <= self.board.capacity and not self.board.closed)
+    def eligible(self, req: Request, tensor: object) -> bool:
+        """Whether ``req`` over ``tensor`` may be proposed (the engine also checks that nothing else is in
+        flight): an allreduce, broadcast or allgather (of rows) of the global set, of a host array of at most
+        HOROVOD_FAST_LANE_BYTES."""
+        return (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0 and req.group is None
+                and type(tensor) is np.ndarray and tensor.nbytes <= self.limit and not self.board.closed
+                and self._well_formed(req, tensor))
 
-    def propose(self, req: Request) -> int:
-        """Post ``req`` as a fast entry and return its lane number; 0 when the board cannot take one right now
-        (then it is posted as slow)."""
-        seq = self.board.post_fast(self._digest(req), req.payload)
+    def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
+        """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no
+        bytes) never goes on the lane, so that it fails there as it always did."""
+        if req.kind == ops.BROADCAST:
+            return 0 <= req.root < self.size
+        if req.kind == ops.ALLGATHER:
+            return tensor.ndim > 0 and ops.row_elems(tensor.shape) > 0
+        return True
+
+    def propose(self, req: Request, tensor: np.ndarray) -> int:
+        """Post ``req`` with ``tensor``'s bytes as a fast entry and return its lane number; 0 when the board cannot
+        take one right now (then it is posted as slow).  A broadcast's non-root ranks post no bytes."""
+        if req.kind == ops.BROADCAST and req.root != req.rank:
+            tensor = tensor.reshape(-1)[:0]
+        seq = self.board.post_fast(self._digest(req), tensor)
         if not seq:
             self.board.post_slow(1)
         return seq
@@ -109,8 +134,10 @@ class FastLane:
 
     # -- deciding (holding the engine's drive lock) ------------------------------------------------------------
 
-    def settle(self, seq: int, req: Request, housekeeping: Callable[[], bool]) -> Tuple[str, Optional[bytes]]:
-        """Wait for entry ``seq`` of every rank. Returns ``("fast", result)``, ``("slow", None)`` (the request goes
+    def settle(self, seq: int, req: Request, housekeeping: Callable[[], bool],
+               combine: Callable[[Sequence[memoryview]], _R]) -> Tuple[str, Optional[_R]]:
+        """Wait for entry ``seq`` of every rank. Returns ``("fast", combine(payloads))`` with every rank's payload
+        in rank order (views of the board, valid only during the call), ``("slow", None)`` (the request goes
         to the coordinator), ``("finished", None)`` when ``housekeeping()`` found the engine finished meanwhile, or
         ``("stalled", None)`` past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS.
 
@@ -126,15 +153,19 @@ class FastLane:
                     self.slow += 1
                     return "slow", None
                 self.fast += 1
-                return "fast", reduce_inline([req], payloads, self.size)
+                try:
+                    return "fast", combine(payloads)
+                finally:
+                    self.board.done_reading()
             if not housekeeping():
                 return "finished", None
             waited = time.monotonic() - started
             if self._stall_warning_s and not warned and waited >= self._stall_warning_s:
                 warned = True
                 logger.warning(
-                    "The allreduce '%s' has waited %.0f s for ranks %s to issue it (they are computing, or issue "
-                    "different collectives, which would deadlock).", req.name, waited, self.board.missing(seq))
+                    "The %s '%s' has waited %.0f s for ranks %s to issue it (they are computing, or issue "
+                    "different collectives, which would deadlock).", ops.KIND_NAMES[req.kind].lower(), req.name,
+                    waited, self.board.missing(seq))
                 if self.on_stall is not None:
                     self.on_stall()
             if self._stall_shutdown_s and waited >= self._stall_shutdown_s:
@@ -142,7 +173,9 @@ class FastLane:
 
     def _digest(self, req: Request) -> int:
         """A stable 64-bit digest of everything that must agree across ranks (Python's hash() is per process)."""
-        key = (req.name, req.kind, req.dtype, req.shape, req.op, req.prescale, req.postscale)
+        # An allgather's ranks may differ in rows; a broadcast's in nothing, but they must agree on the root.
+        shape = req.shape[1:] if req.kind == ops.ALLGATHER else req.shape
+        key = (req.name, req.kind, req.dtype, shape, req.op, req.prescale, req.postscale, req.root)
         digest = self._digests.get(key)
         if digest is None:
             if len(self._digests) >= _DIGESTS_KEPT:

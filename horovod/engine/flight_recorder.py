@@ -78,7 +78,7 @@ class FlightRecorder:
                                  f"{response.error_kind}: {response.error}"))
 
     def lane_done(self, request: Any) -> None:
-        """A tiny allreduce settled on the fast lane: negotiated, run and finished at once."""
+        """A small collective settled on the fast lane: negotiated, run and finished at once."""
         if self.enabled:
             self._events.append((time.monotonic(), LANE_DONE, request.process_set, (request.name,)))
 

@@ -63,7 +63,7 @@ class Intake:
                 for req in direct:
                     req.blocking = True
             if self.lane_use is not None:
-                lane_seq = self.lane_use.post(direct, attended)
+                lane_seq = self.lane_use.post(entries, attended)
             for key, entry in zip(keys, entries):
                 state.inflight[key] = entry
                 entry.handle.driver = self.driver.drive

@@ -1,4 +1,5 @@
-"""The fast lane: a board in shared memory on which the ranks of one host agree on tiny collectives themselves.
+"""The fast lane: a board in shared memory on which the ranks of one host agree on small blocking collectives
+themselves.
 
 Every collective a rank issues on the world group takes the next number of its *lane sequence* (1, 2, ...). For
 each number a rank posts one entry: *slow* (the collective goes to the coordinator as usual) or *fast* with a
@@ -25,6 +26,8 @@ costs one :data:`RECHECK_S` re-check, never a hang.
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
+
+import numpy as np
 
 from horovod.transport.shm_group import ShmGroup
 from horovod.transport.shm_node import LANE_FIELD_COUNT, LANE_FIELDS, LANE_PAYLOAD_BYTES, lane_payload_offset
@@ -54,6 +57,7 @@ class ShmLane:
         off = lane_payload_offset(self.size)
         self._payloads = [[memoryview(m)[off + k * LANE_PAYLOAD_BYTES:off + (k + 1) * LANE_PAYLOAD_BYTES]
                            for k in (0, 1)] for m in maps]
+        self._arrays = [[np.frombuffer(v, dtype=np.uint8) for v in pair] for pair in self._payloads]
         self._own: Optional[memoryview] = self._fields[self.rank]   # None once released
         self._peers = [q for q in range(self.size) if q != self.rank]
         self._spinner = Spinner(spin_us)
@@ -74,9 +78,10 @@ class ShmLane:
         own[DONE] = own[POSTED] if not self._reading else self._reading - 1
         self._wake_sleepers()
 
-    def post_fast(self, digest: int, payload: bytes) -> int:
-        """Post a fast entry and return its number; 0 (nothing posted) while a rank may still read the record it
-        would overwrite, which the caller then posts as slow instead (it never waits here)."""
+    def post_fast(self, digest: int, payload: np.ndarray) -> int:
+        """Post a fast entry with ``payload`` (a contiguous array of at most :attr:`capacity` bytes) and return its
+        number; 0 (nothing posted) while a rank may still read the record it would overwrite, which the caller then
+        posts as slow instead (it never waits here)."""
         own, fields = self._own, self._fields
         assert own is not None, "fast lane used after release()"
         k = self._proposals & 1
@@ -84,8 +89,8 @@ class ShmLane:
         # a rank that closed its lane reads no more entries
         if previous and any(fields[q][DONE] < previous and not fields[q][CLOSED] for q in self._peers):
             return 0
-        n = len(payload)
-        self._payloads[self.rank][k][:n] = payload
+        n = payload.nbytes
+        np.copyto(self._arrays[self.rank][k][:n], payload.reshape(-1).view(np.uint8))
         own[NBYTES[k]] = n
         own[DIGEST[k]] = digest
         seq = own[POSTED] + 1
@@ -97,11 +102,13 @@ class ShmLane:
         self._wake_sleepers()
         return seq
 
-    def decide(self, seq: int, timeout: float) -> Tuple[bool, Optional[List[bytes]]]:
+    def decide(self, seq: int, timeout: float) -> Tuple[bool, Optional[List[memoryview]]]:
         """Wait up to ``timeout`` seconds for every rank's entry ``seq`` (this rank's own fast one).
 
         Returns ``(False, None)`` when not every entry arrived in time, else ``(True, payloads)`` with every rank's
-        payload in rank order when all entries are fast with this rank's digest, or ``(True, None)`` (slow).
+        payload in rank order when all entries are fast with this rank's digest, or ``(True, None)`` (slow).  The
+        payloads are views of the records, valid until :meth:`done_reading` (the caller reduces them first: no
+        copy); after a slow decision the entry is already done.
 
         Raises:
             TransportError: a peer exited while this rank waited for it.
@@ -112,21 +119,22 @@ class ShmLane:
         assert own is not None, "fast lane used after release()"
         digest = own[DIGEST[0]] if own[SEQ[0]] == seq else own[DIGEST[1]]
         found: List[int] = []
-        records: Optional[List[int]] = found
         for q in range(self.size):
             f = fields[q]
             k = 0 if f[SEQ[0]] == seq else 1 if f[SEQ[1]] == seq else -1
             # a closed rank that never posted ``seq`` has no record for it: slow
             if k < 0 or f[POSTED] < seq or f[DIGEST[k]] != digest:
-                records = None
-                break
+                self.done_reading()
+                return True, None
             found.append(k)
-        payloads = None
-        if records is not None:
-            payloads = [bytes(self._payloads[q][k][:fields[q][NBYTES[k]]]) for q, k in enumerate(records)]
+        return True, [self._payloads[q][k][:fields[q][NBYTES[k]]] for q, k in enumerate(found)]
+
+    def done_reading(self) -> None:
+        """This rank read the payloads of its fast entry: the others may overwrite their records."""
+        own = self._own
+        assert own is not None, "fast lane used after release()"
         self._reading = 0
         own[DONE] = own[POSTED]
-        return True, payloads
 
     def missing(self, seq: int) -> List[int]:
         """Ranks whose entry ``seq`` has not arrived (a closed lane counts as a slow entry: its owner never posts
@@ -144,6 +152,7 @@ class ShmLane:
 
     def release(self) -> None:
         """Drop the views of the segments (before the group unmaps them)."""
+        self._arrays = []   # first: an array made from a view holds an export that would keep the view alive
         for view in self._fields + [v for pair in self._payloads for v in pair]:
             view.release()
         self._fields, self._payloads, self._own = [], [], None

@@ -1,16 +1,19 @@
 """The engine's side of the fast lane (:mod:`horovod.engine.fast_lane`): posting every request on the lane, and
-deciding a lone blocking tiny allreduce there when every rank proposed it."""
+deciding a lone blocking small allreduce there when every rank proposed it."""
 from __future__ import annotations
 
-from typing import List, cast
+from typing import List, Sequence, cast
 
+import numpy as np
+
+from horovod.engine import ops, result_pool
 from horovod.engine.drive import Driver
 from horovod.engine.engine_state import EngineState
 from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
 from horovod.engine.executor import deliver_inline
 from horovod.engine.fast_lane import FastLane
+from horovod.engine.negotiation import reduce_inline
 from horovod.engine.handles import Entry
-from horovod.engine.messages import Request
 from horovod.engine.outbox import Outbox
 from horovod.transport.base import TransportError
 
@@ -31,40 +34,42 @@ class LaneUse:
         self.driver = driver
         self.outbox = outbox
 
-    def post(self, requests: List[Request], attended: bool) -> int:
-        """Under the state's lock: propose a lone blocking tiny allreduce (returns its lane number, holding the
-        drive lock), or post slow entries for the requests (returns 0)."""
+    def post(self, entries: List[Entry], attended: bool) -> int:
+        """Under the state's lock: propose a lone blocking allreduce small enough for the lane (returns its lane
+        number, holding the drive lock), or post slow entries for the requests (returns 0)."""
         state, lane = self.state, self.lane
-        if (attended and len(requests) == 1 and not state.inflight and not self.outbox
-                and not self.driver.holding() and lane.eligible(requests[0]) and not state.timeline.enabled
+        if (attended and len(entries) == 1 and not state.inflight and not self.outbox
+                and not self.driver.holding() and lane.eligible(entries[0].request, entries[0].tensor)
+                and not state.timeline.enabled
                 # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
                 # and a rank that passes it where another passes the global set posts no entry the proposer could
                 # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
                 and all(len(info.ranks) == state.size for info in state.sets.values())
                 and state.drive_lock.acquire(blocking=False)):
-            seq = lane.propose(requests[0])
+            seq = lane.propose(entries[0].request, cast(np.ndarray, entries[0].tensor))   # eligible: a host array
             if not seq:
                 state.drive_lock.release()
             return seq
-        lane.note(requests, state.spanning_sets())
+        lane.note([e.request for e in entries], state.spanning_sets())
         return 0
 
     def settle(self, seq: int, entry: Entry) -> bool:
         """Decide lane number ``seq`` (holding the drive lock); True when the entry's handle is done with it
-        (reduced here, or failed with the engine), False when it goes to the coordinator."""
+        (carried out here, or failed with the engine), False when it goes to the coordinator."""
         req = entry.request
         state, lane, driver = self.state, self.lane, self.driver
         try:
-            outcome, result = lane.settle(seq, req, lambda: driver.guarded_step(0.0))
+            outcome, output = lane.settle(seq, req, lambda: driver.guarded_step(0.0),
+                                          lambda payloads: lane_result(entry, payloads, state.size))
             if outcome == "slow":
                 return False
             if outcome == "stalled":
                 driver.teardown.die(StallError(
-                    f"Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: allreduce '{req.name}' "
-                    f"waited for ranks {lane.board.missing(seq)}. {SHUTDOWN_MESSAGE}"), notify=True)
+                    f"Stalled collective exceeded HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: "
+                    f"{ops.KIND_NAMES[req.kind].lower()} '{req.name}' waited for ranks {lane.board.missing(seq)}. "
+                    f"{SHUTDOWN_MESSAGE}"), notify=True)
             if outcome != "fast":
                 return True   # the engine finished while waiting: the handle failed with it
-            output = deliver_inline(entry, cast(bytes, result), req.dtype, req.shape)
             state.recorder.lane_done(req)   # [hang doctor]
             state.pop_entries(req.process_set, [req.name])
             entry.handle.complete(entry.index, output)
@@ -76,3 +81,28 @@ class LaneUse:
             state.drive_lock.release()
             if driver.needs_background():
                 driver.call_background()
+
+
+def lane_result(entry: Entry, payloads: Sequence[memoryview], size: int) -> np.ndarray:
+    """This rank's result of the lane's collective ``entry`` from every rank's payload (rank order), written
+    into the entry's output (allocated when the call returns a new one), as the executor would."""
+    req = entry.request
+    if req.kind == ops.ALLREDUCE:
+        return deliver_inline(entry, reduce_inline([req], payloads, size), req.dtype, req.shape)
+    dtype = ops.storage_dtype(req.dtype)
+    if req.kind == ops.BROADCAST:
+        output = entry.output = result_pool.empty(req.shape, dtype) if entry.output is None else entry.output
+        source = payloads[req.root] if req.rank != req.root else cast(np.ndarray, entry.tensor)
+        if output is not source:   # in place at the root: nothing to copy
+            np.copyto(output.reshape(-1), np.frombuffer(source, dtype=dtype), casting="no")
+        return cast(np.ndarray, output)
+    # ALLGATHER: the rows of every rank, in rank order.
+    row = ops.row_elems(req.shape) * dtype.itemsize
+    rows = [len(p) // row if row else 0 for p in payloads]
+    out = result_pool.empty((sum(rows),) + tuple(req.shape[1:]), dtype)
+    flat, offset = out.reshape(-1).view(np.uint8), 0
+    for payload in payloads:
+        flat[offset:offset + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        offset += len(payload)
+    entry.output = out
+    return out

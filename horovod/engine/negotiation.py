@@ -11,7 +11,7 @@ import operator
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, cast
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union, cast
 
 import numpy as np
 
@@ -139,9 +139,10 @@ def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ())
     return None
 
 
-def reduce_inline(requests: Sequence[Request], data: Sequence[Optional[bytes]], set_size: int,
+def reduce_inline(requests: Sequence[Request], data: Sequence[Optional[Union[bytes, memoryview]]], set_size: int,
                   joined: bool = False) -> bytes:
-    """Reduce tiny allreduce payloads on the coordinator, with the same arithmetic as the transport path.
+    """Reduce small allreduce payloads (on the coordinator, or every rank on the fast lane), with the same
+    arithmetic as the transport path.
 
     Ranks that joined sent nothing and contribute zeros, which leave a sum unchanged; Average still divides by
     the whole set's size.

@@ -672,9 +672,11 @@ def conformance_worker(transport: str) -> dict:  # noqa: C901  (one long, flat s
     return report
 
 
-# Allreduces of at most HOROVOD_INLINE_BYTES travel with their request and are reduced by the coordinator; with
-# 0 every tensor goes through fusion and the transport.  Both paths must agree with numpy.
-PATHS = {"inline": {}, "data_plane": {"HOROVOD_INLINE_BYTES": "0"}}
+# By default a lone blocking allreduce of at most 64 KiB on one shm host is agreed and reduced on the fast lane, and
+# other allreduces of at most HOROVOD_INLINE_BYTES travel with their request and are reduced by the coordinator;
+# with the lane off and 0 every tensor goes through fusion and the transport.  Both paths must agree with numpy.
+DATA_PLANE = {"HOROVOD_INLINE_BYTES": "0", "HOROVOD_FAST_LANE": "0"}
+PATHS = {"inline": {}, "data_plane": DATA_PLANE}
 
 
 def _expected_topology(np_, hosts):
@@ -714,7 +716,7 @@ KNOB_VARIANTS = {
     # tiny fusion buffer: many fused responses of a few tensors, plus tensors larger than the buffer
     "fusion_512_bytes_cycle_5ms": (3, "tcp", {"HOROVOD_INLINE_BYTES": "0", "HOROVOD_FUSION_THRESHOLD": "512",
                                               "HOROVOD_CYCLE_TIME": "5"}),
-    "fusion_disabled": (3, "shm", {"HOROVOD_INLINE_BYTES": "0", "HOROVOD_FUSION_THRESHOLD": "0"}),
+    "fusion_disabled": (3, "shm", {**DATA_PLANE, "HOROVOD_FUSION_THRESHOLD": "0"}),
     "cycle_20ms": (4, "tcp", {"HOROVOD_INLINE_BYTES": "0", "HOROVOD_CYCLE_TIME": "20"}),
 }
 

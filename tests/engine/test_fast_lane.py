@@ -145,6 +145,92 @@ def test_fast_lane_off_on_one_rank_decides_everything_slow():
         assert fast == 0, (rank, results[rank]["lane"])   # its closed board keeps everyone off the lane
 
 
+def sizes_worker() -> dict:
+    """Allreduces of 4 KiB up to just past the lane's limit, with the lane counts read after each size."""
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from checks import Checks
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    checks = Checks(rank, rtol=1e-6)
+    decided = {}
+    for nbytes in (4096, 65536, 65536 + 4):
+        before = _lane_counts()
+        for i in range(10):
+            x = (np.arange(nbytes // 4) % 7 + rank + i).astype(np.float32)
+            got = hvd.allreduce(x, name=f"s{nbytes}", op=hvd.Sum)
+            want = sum((np.arange(nbytes // 4) % 7 + r + i).astype(np.float32) for r in range(size))
+            checks.close(got, want, f"{nbytes} bytes, call {i}")
+        after = _lane_counts()
+        decided[nbytes] = (after[0] - before[0], after[1] - before[1])
+    hvd.shutdown()
+    return {"checks": checks.report(), "decided": decided}
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_fast_lane_takes_allreduces_up_to_its_limit(np_):
+    """A lone blocking allreduce of up to HOROVOD_FAST_LANE_BYTES (64 KiB) is decided on the lane in one
+    synchronisation; one of 4 bytes more goes the coordinator's way. Results against numpy either way."""
+    if transport_skip_reason("shm"):
+        pytest.skip(transport_skip_reason("shm"))
+    results = run(sizes_worker, np_, "shm", timeout=300)
+    assert_no_failures([r["checks"] for r in results])
+    for r in results:
+        assert r["decided"][4096][0] >= 8 and r["decided"][65536][0] >= 8, r["decided"]
+        assert r["decided"][65536 + 4] == (0, 0), r["decided"]   # never proposed: past the limit
+
+
+def test_fast_lane_limit_is_a_knob():
+    if transport_skip_reason("shm"):
+        pytest.skip(transport_skip_reason("shm"))
+    results = run(sizes_worker, 2, "shm", timeout=300, env={"HOROVOD_FAST_LANE_BYTES": "1024"})
+    assert_no_failures([r["checks"] for r in results])
+    for r in results:
+        assert r["decided"][4096] == r["decided"][65536] == (0, 0), r["decided"]
+
+
+def kinds_worker() -> dict:
+    """Broadcasts (from each root, in place and not) and allgathers (ranks with different rows) on the lane."""
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from checks import Checks
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    checks = Checks(rank, rtol=0)
+    before = _lane_counts()
+    for i in range(12):
+        root = i % size
+        value = np.arange(6, dtype=np.float64).reshape(2, 3) * (rank + 1) + i
+        got = hvd.broadcast(value, root_rank=root, name=f"b{root}")
+        checks.equal(got, np.arange(6, dtype=np.float64).reshape(2, 3) * (root + 1) + i, f"broadcast {i}")
+        inplace = np.full(1000, rank + i, np.int32)   # 4,000 bytes
+        hvd.broadcast_(inplace, root_rank=root, name=f"bi{root}")
+        checks.equal(inplace, np.full(1000, root + i, np.int32), f"broadcast_ {i}")
+        rows = np.full((rank + 1, 2), rank * 10 + i, np.int64)
+        gathered = hvd.allgather(rows, name="g")
+        want = np.concatenate([np.full((r + 1, 2), r * 10 + i, np.int64) for r in range(size)])
+        checks.equal(gathered, want, f"allgather {i}")
+        empty = hvd.allgather(np.zeros((0 if rank == 0 else 1, 3), np.float32), name="ge")
+        checks.equal(empty, np.zeros((size - 1, 3), np.float32), f"allgather with no rows on rank 0, {i}")
+    after = _lane_counts()
+    hvd.shutdown()
+    return {"checks": checks.report(), "fast": after[0] - before[0]}
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_fast_lane_carries_broadcasts_and_allgathers(np_):
+    if transport_skip_reason("shm"):
+        pytest.skip(transport_skip_reason("shm"))
+    results = run(kinds_worker, np_, "shm", timeout=300)
+    assert_no_failures([r["checks"] for r in results])
+    for r in results:
+        assert r["fast"] >= 40, r   # nearly all of the 48 calls
+
+
 def test_fast_lane_not_used_over_tcp():
     results = run(results_worker, 2, "tcp", args=("plain",), timeout=300)
     assert_no_failures([r["checks"] for r in results])
