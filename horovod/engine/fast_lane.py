@@ -2,13 +2,14 @@
 
 The coordinator path costs a small collective two control-plane hops with Python at both ends of each (or, warm,
 a round and then the data-plane collective: two synchronisations); a rank that has just computed for a while also
-has to be woken for each hop. A lone blocking allreduce, broadcast or allgather of at most
+has to be woken for each hop. A lone blocking allreduce, broadcast, allgather or reducescatter of at most
 ``HOROVOD_FAST_LANE_BYTES`` (64 KiB) does better on one host. Each rank posts its request's digest and its bytes
 on a board in shared memory (:mod:`horovod.engine.lane_board`; a broadcast's non-root ranks post no bytes), and
 when every rank posted the same digest for the same lane number, each computes its result from the payloads
 itself: an allreduce in rank order with the coordinator's own arithmetic
 (:func:`horovod.engine.negotiation.reduce_inline`), so every rank gets the bytes the coordinator would have sent;
-a broadcast from the root's payload; an allgather by concatenating the payloads in rank order. Anything else (a
+a broadcast from the root's payload; an allgather by concatenating the payloads in rank order; a reducescatter
+by reducing its own block of every payload. Anything else (a
 different tensor, a mismatch, a rank busy with other work) makes the number *slow*, and every rank sends its
 request to the coordinator as before: errors, joins and stall reports are unchanged.
 
@@ -42,7 +43,7 @@ HOUSEKEEPING_S = 0.05
 _DIGESTS_KEPT = 4096
 
 #: What the lane decides: every rank's result is a function of every rank's input, read from the board.
-LANE_KINDS = (ops.ALLREDUCE, ops.BROADCAST, ops.ALLGATHER)
+LANE_KINDS = (ops.ALLREDUCE, ops.BROADCAST, ops.ALLGATHER, ops.REDUCESCATTER)
 
 _R = TypeVar("_R")
 
@@ -88,7 +89,7 @@ class FastLane:
 
     def eligible(self, req: Request, tensor: object) -> bool:
         """Whether ``req`` over ``tensor`` may be proposed (the engine also checks that nothing else is in
-        flight): an allreduce, broadcast or allgather (of rows) of the global set, of a host array of at most
+        flight): an allreduce, broadcast, allgather or reducescatter of the global set, of a host array of at most
         HOROVOD_FAST_LANE_BYTES."""
         return (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0 and req.group is None
                 and type(tensor) is np.ndarray and tensor.nbytes <= self.limit and not self.board.closed
@@ -101,6 +102,8 @@ class FastLane:
             return 0 <= req.root < self.size
         if req.kind == ops.ALLGATHER:
             return tensor.ndim > 0 and ops.row_elems(tensor.shape) > 0
+        if req.kind == ops.REDUCESCATTER:
+            return tensor.ndim > 0
         return True
 
     def propose(self, req: Request, tensor: np.ndarray) -> int:

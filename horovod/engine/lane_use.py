@@ -1,5 +1,5 @@
 """The engine's side of the fast lane (:mod:`horovod.engine.fast_lane`): posting every request on the lane, and
-deciding a lone blocking small allreduce there when every rank proposed it."""
+deciding a lone blocking small collective there when every rank proposed it."""
 from __future__ import annotations
 
 from typing import List, Sequence, cast
@@ -10,9 +10,8 @@ from horovod.engine import ops, result_pool
 from horovod.engine.drive import Driver
 from horovod.engine.engine_state import EngineState
 from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
-from horovod.engine.executor import deliver_inline
 from horovod.engine.fast_lane import FastLane
-from horovod.engine.negotiation import reduce_inline
+from horovod.engine.negotiation import reduce_payloads
 from horovod.engine.handles import Entry
 from horovod.engine.outbox import Outbox
 from horovod.transport.base import TransportError
@@ -87,9 +86,23 @@ def lane_result(entry: Entry, payloads: Sequence[memoryview], size: int) -> np.n
     """This rank's result of the lane's collective ``entry`` from every rank's payload (rank order), written
     into the entry's output (allocated when the call returns a new one), as the executor would."""
     req = entry.request
-    if req.kind == ops.ALLREDUCE:
-        return deliver_inline(entry, reduce_inline([req], payloads, size), req.dtype, req.shape)
     dtype = ops.storage_dtype(req.dtype)
+    if req.kind == ops.ALLREDUCE:
+        total = reduce_payloads([req], payloads, size)
+        if entry.output is None:   # the reduction's own new array is the result
+            entry.output = total.reshape(req.shape)
+        else:
+            np.copyto(entry.output.reshape(-1), total, casting="no")
+        return cast(np.ndarray, entry.output)
+    if req.kind == ops.REDUCESCATTER:
+        # This rank's block of rows (the executor's split: the first rows % size ranks get one more).
+        splits = ops.split_rows(req.shape[0], size)
+        row = ops.row_elems(req.shape) * dtype.itemsize
+        start = sum(splits[:req.rank]) * row
+        block = [p[start:start + splits[req.rank] * row] for p in payloads]
+        out = reduce_payloads([req], block, size).reshape((splits[req.rank],) + tuple(req.shape[1:]))
+        entry.output = out
+        return out
     if req.kind == ops.BROADCAST:
         output = entry.output = result_pool.empty(req.shape, dtype) if entry.output is None else entry.output
         source = payloads[req.root] if req.rank != req.root else cast(np.ndarray, entry.tensor)

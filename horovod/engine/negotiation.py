@@ -141,39 +141,49 @@ def validate(name: str, requests: Sequence[Request], joined: Iterable[int] = ())
 
 def reduce_inline(requests: Sequence[Request], data: Sequence[Optional[Union[bytes, memoryview]]], set_size: int,
                   joined: bool = False) -> bytes:
+    """Reduce small allreduce payloads on the coordinator: :func:`reduce_payloads` as bytes."""
+    return reduce_payloads(requests, data, set_size, joined).tobytes()
+
+
+def reduce_payloads(requests: Sequence[Request], data: Sequence[Optional[Union[bytes, memoryview]]], set_size: int,
+                    joined: bool = False) -> np.ndarray:
     """Reduce small allreduce payloads (on the coordinator, or every rank on the fast lane), with the same
-    arithmetic as the transport path.
+    arithmetic as the transport path; returns a new array of the request's storage dtype.
 
     Ranks that joined sent nothing and contribute zeros, which leave a sum unchanged; Average still divides by
     the whole set's size.
     """
     first = requests[0]
+    storage = ops.storage_dtype(first.dtype)
+    op = ops.TRANSPORT_OP[first.op]
     total: Optional[np.ndarray] = None
     for raw_bytes in data:
         if raw_bytes is None:
             raise ValueError(f"a rank sent no inline data for tensor '{first.name}'")
-        raw = np.frombuffer(raw_bytes, dtype=ops.storage_dtype(first.dtype))
+        raw = np.frombuffer(raw_bytes, dtype=storage)
         if first.dtype == ops.BFLOAT16:
             value = np.empty(raw.size, dtype=np.float32)
             ops.bf16_to_f32(raw, value)
+        elif total is None or first.prescale != 1.0:
+            value = raw.copy()   # the payload is read-only (a message, or a peer's record on the lane)
         else:
-            value = raw.copy()
+            value = raw          # reduced straight from the payload
         ops.scale_inplace(value, first.prescale)
         if total is None:
             total = value
         else:
-            reduce_into(total, value, ops.TRANSPORT_OP[first.op])
+            reduce_into(total, value, op)
     if total is None:
         raise ValueError(f"no inline data to reduce for tensor '{first.name}'")
     if joined:
         # Joined ranks contribute zeros, exactly as the executor stages them on the transport path.
-        reduce_into(total, np.zeros_like(total), ops.TRANSPORT_OP[first.op])
+        reduce_into(total, np.zeros_like(total), op)
     ops.finish_reduction(total, first.op, first.postscale, set_size)
     if first.dtype == ops.BFLOAT16:
         out = np.empty(total.size, dtype=np.uint16)
         ops.f32_to_bf16(total, out)
         total = out
-    return total.tobytes()
+    return total
 
 
 class Coordinator:
