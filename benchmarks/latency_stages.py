@@ -56,7 +56,7 @@ STAGES = [("start", "call starts"), ("posted", "entry on the lane board"), ("dec
 def worker(pattern: str, calls: int, out: str) -> None:
     import horovod.numpy as hvd
     from horovod.common import basics
-    from horovod.engine import controller, fast_lane
+    from horovod.engine import controller, lane_use
     from horovod.engine import lane_board as shm_lane
 
     clock = time.perf_counter_ns
@@ -84,7 +84,7 @@ def worker(pattern: str, calls: int, out: str) -> None:
 
     stamp_around(shm_lane.ShmLane, "post_fast", "posted", after=True)
     shm_lane.ShmLane.decide = stamp_decided(shm_lane.ShmLane.decide)
-    stamp_around(fast_lane, "reduce_inline", "reduced", after=True)
+    stamp_around(lane_use, "lane_result", "reduced", after=True)
     stamp_around(controller.ControlPlane, "send", "sent", after=False)
     stamp_around(controller.ControlPlane, "broadcast", "resp_sent", after=False)
     stamp_around(controller.ControlPlane, "receive", "received", after=True)
