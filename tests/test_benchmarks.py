@@ -195,6 +195,15 @@ def test_collectives_smoke_run_through_the_runner(tmp_path):
         assert chart.read_bytes().startswith(PNG)
 
 
+def test_latency_stages_stamps_every_stage_of_both_paths():
+    """The stage timestamps wrap engine functions by name: a rename must fail here, not in the next measurement."""
+    proc = _run(["benchmarks/latency_stages.py", "--calls", "30", "--transport", "shm"], timeout=300)
+    for heading in ("fast lane: back to back", "coordinator, HOROVOD_FAST_LANE=0: 1 ms compute before each"):
+        assert heading in proc.stdout, proc.stdout
+    for stage in ("entry on the lane board", "every rank's entry seen", "payloads reduced", "call returns"):
+        assert f"| {stage} |" in proc.stdout, proc.stdout
+
+
 def test_the_gloo_peer_runs_in_its_own_torchrun_job_unbound(tmp_path):
     """The Gloo peer is started by torchrun (standalone rendezvous), in a job of its own, never inside this
     project's horovodrun job; its ranks may run on every CPU the driver may (no core binding) with the threads

@@ -88,11 +88,14 @@ def lane_result(entry: Entry, payloads: Sequence[memoryview], size: int) -> np.n
     req = entry.request
     dtype = ops.storage_dtype(req.dtype)
     if req.kind == ops.ALLREDUCE:
-        total = reduce_payloads([req], payloads, size)
-        if entry.output is None:   # the reduction's own new array is the result
-            entry.output = total.reshape(req.shape)
-        else:
+        if entry.output is None or req.dtype == ops.BFLOAT16:   # (bfloat16 is reduced in float32, then narrowed)
+            total = reduce_payloads([req], payloads, size)
+            if entry.output is None:
+                entry.output = total.reshape(req.shape)
+                return total.reshape(req.shape)
             np.copyto(entry.output.reshape(-1), total, casting="no")
+        else:   # straight into the caller's output: no new array, no copy
+            reduce_payloads([req], payloads, size, out=entry.output.reshape(-1))
         return cast(np.ndarray, entry.output)
     if req.kind == ops.REDUCESCATTER:
         # This rank's block of rows (the executor's split: the first rows % size ranks get one more).

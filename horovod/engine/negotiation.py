@@ -146,9 +146,10 @@ def reduce_inline(requests: Sequence[Request], data: Sequence[Optional[Union[byt
 
 
 def reduce_payloads(requests: Sequence[Request], data: Sequence[Optional[Union[bytes, memoryview]]], set_size: int,
-                    joined: bool = False) -> np.ndarray:
+                    joined: bool = False, out: Optional[np.ndarray] = None) -> np.ndarray:
     """Reduce small allreduce payloads (on the coordinator, or every rank on the fast lane), with the same
-    arithmetic as the transport path; returns a new array of the request's storage dtype.
+    arithmetic as the transport path; returns ``out`` (flat, of the request's storage dtype; not for bfloat16)
+    holding the result, or a new array.
 
     Ranks that joined sent nothing and contribute zeros, which leave a sum unchanged; Average still divides by
     the whole set's size.
@@ -164,6 +165,9 @@ def reduce_payloads(requests: Sequence[Request], data: Sequence[Optional[Union[b
         if first.dtype == ops.BFLOAT16:
             value = np.empty(raw.size, dtype=np.float32)
             ops.bf16_to_f32(raw, value)
+        elif total is None and out is not None:
+            np.copyto(out, raw, casting="no")
+            value = out
         elif total is None or first.prescale != 1.0:
             value = raw.copy()   # the payload is read-only (a message, or a peer's record on the lane)
         else:
