@@ -197,8 +197,9 @@ class Config:
         "HOROVOD_FAST_LANE_BYTES through shared memory and reduce them themselves, in one synchronisation, without "
         "the coordinator; anything else, or a mismatch, takes the coordinator path (0 disables).")
     fast_lane_bytes: int = knob(
-        64 * 1024, "HOROVOD_FAST_LANE_BYTES", "Largest allreduce the fast lane takes (bytes; at most 64 KiB, the "
-        "lane's payload area).", minimum=0, maximum=64 * 1024)
+        256 * 1024, "HOROVOD_FAST_LANE_BYTES", "Largest collective the fast lane takes (bytes; at most 256 KiB, "
+        "the lane's payload area, and at most 512 KiB / the number of ranks: every rank reads every payload).",
+        minimum=0, maximum=256 * 1024)
     # Spinning is bounded: a second of busy waiting per collective is already far past any use.
     spin_us: float = knob(
         100.0, "HOROVOD_SPIN_US", "Microseconds a rank waiting for its collective re-checks the control plane "

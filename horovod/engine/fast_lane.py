@@ -3,15 +3,15 @@
 The coordinator path costs a small collective two control-plane hops with Python at both ends of each (or, warm,
 a round and then the data-plane collective: two synchronisations); a rank that has just computed for a while also
 has to be woken for each hop. A lone blocking allreduce, broadcast, allgather or reducescatter of at most
-``HOROVOD_FAST_LANE_BYTES`` (64 KiB) does better on one host. Each rank posts its request's digest and its bytes
-on a board in shared memory (:mod:`horovod.engine.lane_board`; a broadcast's non-root ranks post no bytes), and
-when every rank posted the same digest for the same lane number, each computes its result from the payloads
-itself: an allreduce in rank order with the coordinator's own arithmetic
-(:func:`horovod.engine.negotiation.reduce_inline`), so every rank gets the bytes the coordinator would have sent;
-a broadcast from the root's payload; an allgather by concatenating the payloads in rank order; a reducescatter
-by reducing its own block of every payload. Anything else (a
-different tensor, a mismatch, a rank busy with other work) makes the number *slow*, and every rank sends its
-request to the coordinator as before: errors, joins and stall reports are unchanged.
+``HOROVOD_FAST_LANE_BYTES`` (256 KiB, and 512 KiB over all ranks' payloads) does better on one host. Each rank
+posts its request's digest and its bytes on a board in shared memory (:mod:`horovod.engine.lane_board`; a
+broadcast's non-root ranks post no bytes), and when every rank posted the same digest for the same lane number,
+each computes its result from the payloads itself: an allreduce in rank order with the coordinator's own
+arithmetic (:func:`horovod.engine.negotiation.reduce_payloads`), so every rank gets the bytes the coordinator
+would have sent; a broadcast from the root's payload; an allgather by concatenating the payloads in rank order; a
+reducescatter by reducing its own block of every payload. Anything else (a different tensor, a mismatch, a rank
+busy with other work) makes the number *slow*, and every rank sends its request to the coordinator as before:
+errors, joins and stall reports are unchanged.
 
 Why the lane numbers pair up: every collective a rank issues on the global process set — or on another set of
 every rank, which a rank may pass where another passes the global set — takes the next number (the engine posts a
@@ -45,6 +45,9 @@ _DIGESTS_KEPT = 4096
 #: What the lane decides: every rank's result is a function of every rank's input, read from the board.
 LANE_KINDS = (ops.ALLREDUCE, ops.BROADCAST, ops.ALLGATHER, ops.REDUCESCATTER)
 
+#: The most payload bytes a rank reads for one collective on the lane (np = 2 and 4 measured on 2 cores).
+READ_BUDGET = 512 * 1024
+
 _R = TypeVar("_R")
 
 
@@ -62,7 +65,8 @@ class FastLane:
                  limit: Optional[int] = None):
         self.board = board
         self.size = size
-        self.limit = board.capacity if limit is None else min(limit, board.capacity)
+        # Every rank reads every payload: past READ_BUDGET bytes in all, the data plane's steps cost less.
+        self.limit = min(board.capacity, READ_BUDGET // size, board.capacity if limit is None else limit)
         self._stall_warning_s = stall_warning_s
         self._stall_shutdown_s = stall_shutdown_s
         self._digests: Dict[Tuple, int] = {}

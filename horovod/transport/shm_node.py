@@ -56,9 +56,9 @@ POLL_DEAD = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, 
 # group's are used).
 LANE_FIELDS = 16
 LANE_FIELD_COUNT = 10
-# 64 KiB: a lone blocking allreduce up to this size is agreed and reduced in one synchronisation (every rank reads
-# every payload, which beats the data plane's steps far past 4 KiB on one host; benchmarks/latency_stages.py).
-LANE_PAYLOAD_BYTES = 64 * 1024
+# 256 KiB: a lone blocking collective up to this size is agreed and carried out in one synchronisation (every rank
+# reads every payload, which beats a round plus the data plane's steps 2-3x at 64-256 KiB on one host, np = 2).
+LANE_PAYLOAD_BYTES = 256 * 1024
 # The round board (horovod/engine/shm_round_board.py): per segment, after the fast lane's payloads, two int64 fields and
 # two records of 1 + ROUND_WORDS words (only the world group's are used).
 ROUND_WORDS = 132

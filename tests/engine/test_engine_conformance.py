@@ -672,7 +672,7 @@ def conformance_worker(transport: str) -> dict:  # noqa: C901  (one long, flat s
     return report
 
 
-# By default a lone blocking allreduce of at most 64 KiB on one shm host is agreed and reduced on the fast lane, and
+# By default a lone blocking collective of at most 256 KiB on one shm host is agreed and reduced on the fast lane, and
 # other allreduces of at most HOROVOD_INLINE_BYTES travel with their request and are reduced by the coordinator;
 # with the lane off and 0 every tensor goes through fusion and the transport.  Both paths must agree with numpy.
 DATA_PLANE = {"HOROVOD_INLINE_BYTES": "0", "HOROVOD_FAST_LANE": "0"}

@@ -146,17 +146,19 @@ def test_fast_lane_off_on_one_rank_decides_everything_slow():
 
 
 def sizes_worker() -> dict:
-    """Allreduces of 4 KiB up to just past the lane's limit, with the lane counts read after each size."""
+    """Allreduces of 4 KiB, of the lane's limit and of just past it, with the lane counts read after each size."""
     import numpy as np
 
     import horovod.numpy as hvd
     from checks import Checks
+    from horovod.common import basics
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     checks = Checks(rank, rtol=1e-6)
+    limit = basics.runtime().state.lane.limit
     decided = {}
-    for nbytes in (4096, 65536, 65536 + 4):
+    for label, nbytes in (("4K", 4096), ("limit", limit), ("past", limit + 4)):
         before = _lane_counts()
         for i in range(10):
             x = (np.arange(nbytes // 4) % 7 + rank + i).astype(np.float32)
@@ -164,22 +166,24 @@ def sizes_worker() -> dict:
             want = sum((np.arange(nbytes // 4) % 7 + r + i).astype(np.float32) for r in range(size))
             checks.close(got, want, f"{nbytes} bytes, call {i}")
         after = _lane_counts()
-        decided[nbytes] = (after[0] - before[0], after[1] - before[1])
+        decided[label] = (after[0] - before[0], after[1] - before[1])
     hvd.shutdown()
-    return {"checks": checks.report(), "decided": decided}
+    return {"checks": checks.report(), "decided": decided, "limit": limit}
 
 
 @pytest.mark.parametrize("np_", [2, 4])
 def test_fast_lane_takes_allreduces_up_to_its_limit(np_):
-    """A lone blocking allreduce of up to HOROVOD_FAST_LANE_BYTES (64 KiB) is decided on the lane in one
-    synchronisation; one of 4 bytes more goes the coordinator's way. Results against numpy either way."""
+    """A lone blocking allreduce of up to HOROVOD_FAST_LANE_BYTES (256 KiB), and 512 KiB over every rank's payload
+    (each rank reads them all), is decided on the lane in one synchronisation; one of 4 bytes more goes the
+    coordinator's way. Results against numpy either way."""
     if transport_skip_reason("shm"):
         pytest.skip(transport_skip_reason("shm"))
     results = run(sizes_worker, np_, "shm", timeout=300)
     assert_no_failures([r["checks"] for r in results])
     for r in results:
-        assert r["decided"][4096][0] >= 8 and r["decided"][65536][0] >= 8, r["decided"]
-        assert r["decided"][65536 + 4] == (0, 0), r["decided"]   # never proposed: past the limit
+        assert r["limit"] == {2: 256 * 1024, 4: 128 * 1024}[np_], r["limit"]
+        assert r["decided"]["4K"][0] >= 8 and r["decided"]["limit"][0] >= 8, r["decided"]
+        assert r["decided"]["past"] == (0, 0), r["decided"]   # never proposed: past the limit
 
 
 def test_fast_lane_limit_is_a_knob():
@@ -188,7 +192,7 @@ def test_fast_lane_limit_is_a_knob():
     results = run(sizes_worker, 2, "shm", timeout=300, env={"HOROVOD_FAST_LANE_BYTES": "1024"})
     assert_no_failures([r["checks"] for r in results])
     for r in results:
-        assert r["decided"][4096] == r["decided"][65536] == (0, 0), r["decided"]
+        assert r["limit"] == 1024 and r["decided"]["4K"] == (0, 0), r
 
 
 def kinds_worker() -> dict:
