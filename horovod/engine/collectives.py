@@ -54,7 +54,8 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
              finalize: Optional[Callable] = None, attended: bool = False) -> Handle:
     runtime = state.runtime()
     handle = Handle(len(tensors), list(names), finalize)
-    inline_limit = runtime.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
+    engine = runtime.state   # its fields, not the runtime's properties: this runs on every collective
+    inline_limit = engine.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
     # Ranks agree on member names, so the first name keys the group on the coordinator.
     group = (names[0], len(tensors)) if grouped and tensors else None
     entries = []
@@ -62,7 +63,7 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
         # The bindings' views are C-contiguous numpy arrays already: the common case skips the conversion.
         host = type(given) is np.ndarray and given.flags.c_contiguous
         tensor = given if host else _contiguous(given)
-        req = Request(rank=runtime.rank, name=names[i], kind=kind,
+        req = Request(rank=engine.rank, name=names[i], kind=kind,
                       dtype=ops.dtype_name(tensor, dtypes[i] if dtypes else None), shape=tuple(tensor.shape),
                       op=op, root=root, prescale=float(prescale), postscale=float(postscale), process_set=process_set,
                       group=group, splits=_splits_of(splits, i) if splits else None,

@@ -107,6 +107,13 @@ class EngineState:
     flight_generation: int = 0   # [hang doctor] set by init(): names this engine's dumps
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     wakeup: WakeUp = field(default_factory=WakeUp)
+    # What every collective asks of ``sets``, kept up to date by register_set / remove_set (see _sets_changed).
+    spanning: Tuple[int, ...] = ()     # ids of the sets that hold every rank
+    every_set_spans: bool = True       # no set of only some ranks exists
+    serves_outsiders: bool = False     # rank 0 serves a set it is not a member of (it must keep driving for it)
+
+    def __post_init__(self) -> None:
+        self._sets_changed()
 
     # -- job links ------------------------------------------------------------------------------------------------
     @property
@@ -134,7 +141,20 @@ class EngineState:
         if self.coordinator is not None and set_id not in self.coordinator.sets:
             self.coordinator.register_set(set_id, ranks)
         self.executor.set_ranks[set_id] = ranks
+        self._sets_changed()
         return info
+
+    def remove_set(self, set_id: int) -> Optional[ProcessSetInfo]:
+        """Forget process set ``set_id`` here (its transport is the caller's to close); returns what it was."""
+        info = self.sets.pop(set_id, None)
+        self._sets_changed()
+        return info
+
+    def _sets_changed(self) -> None:
+        self.spanning = tuple(sid for sid, info in self.sets.items() if len(info.ranks) == self.size)
+        self.every_set_spans = len(self.spanning) == len(self.sets)
+        self.serves_outsiders = self.coordinator is not None and any(
+            not info.included(self.rank) for info in self.sets.values())
 
     def transport_for(self, set_id: int) -> Transport:
         transport = self.sets[set_id].transport
@@ -144,11 +164,11 @@ class EngineState:
 
     def serves_outsider_sets(self) -> bool:
         """Rank 0 serves process sets it is not a member of (it must keep driving for them)."""
-        return self.coordinator is not None and any(not info.included(self.rank) for info in self.sets.values())
+        return self.serves_outsiders
 
-    def spanning_sets(self) -> List[int]:
+    def spanning_sets(self) -> Tuple[int, ...]:
         """Ids of the process sets that hold every rank."""
-        return [sid for sid, info in self.sets.items() if len(info.ranks) == self.size]
+        return self.spanning
 
     # -- entries in flight ----------------------------------------------------------------------------------------
     def entries(self, set_id: int, names: Sequence[str]) -> List[Optional[Entry]]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class FastLane:
             return tensor.ndim > 0
         return True
 
-    def propose(self, req: Request, tensor: np.ndarray) -> int:
+    def propose(self, req: Request, tensor: Any) -> int:
         """Post ``req`` with ``tensor``'s bytes as a fast entry and return its lane number; 0 when the board cannot
         take one right now (then it is posted as slow).  A broadcast's non-root ranks post no bytes."""
         if req.kind == ops.BROADCAST and req.root != req.rank:
@@ -151,7 +151,7 @@ class FastLane:
         Raises:
             TransportError: a peer exited while this rank waited for it.
         """
-        started = time.monotonic()
+        started: Optional[float] = None   # read only once waiting (not on the hot path)
         warned = False
         while True:
             decided, payloads = self.board.decide(seq, HOUSEKEEPING_S)
@@ -166,7 +166,10 @@ class FastLane:
                     self.board.done_reading()
             if not housekeeping():
                 return "finished", None
-            waited = time.monotonic() - started
+            now = time.monotonic()
+            if started is None:
+                started = now - HOUSEKEEPING_S   # the first decide() waited that long
+            waited = now - started
             if self._stall_warning_s and not warned and waited >= self._stall_warning_s:
                 warned = True
                 logger.warning(

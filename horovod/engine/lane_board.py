@@ -25,6 +25,7 @@ costs one :data:`RECHECK_S` re-check, never a hang.
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -67,7 +68,10 @@ class ShmLane:
     @property
     def closed(self) -> bool:
         """Whether any rank closed its lane (then no entry can be fast any more)."""
-        return any(f[CLOSED] for f in self._fields)
+        for f in self._fields:   # plain loops on the board: asked on every collective
+            if f[CLOSED]:
+                return True
+        return False
 
     def post_slow(self, count: int = 1) -> None:
         """Post ``count`` slow entries."""
@@ -85,9 +89,10 @@ class ShmLane:
         assert own is not None, "fast lane used after release()"
         k = self._proposals & 1
         previous = own[SEQ[k]]
-        # a rank that closed its lane reads no more entries
-        if previous and any(fields[q][DONE] < previous and not fields[q][CLOSED] for q in self._peers):
-            return 0
+        if previous:
+            for q in self._peers:   # a rank that closed its lane reads no more entries
+                if fields[q][DONE] < previous and not fields[q][CLOSED]:
+                    return 0
         n = payload.nbytes
         if n:   # a slice assignment of bytes: cheaper than any numpy call (a view of no bytes cannot be cast)
             self._payloads[self.rank][k][:n] = payload.data.cast("B")
@@ -113,9 +118,9 @@ class ShmLane:
         Raises:
             TransportError: a peer exited while this rank waited for it.
         """
-        if self._await(lambda: self.missing(seq), timeout):
-            return False, None
         fields, own = self._fields, self._own
+        if not self._arrived(seq) and self._await(seq, timeout):
+            return False, None
         assert own is not None, "fast lane used after release()"
         digest = own[DIGEST[0]] if own[SEQ[0]] == seq else own[DIGEST[1]]
         found: List[int] = []
@@ -158,13 +163,21 @@ class ShmLane:
 
     # -- waiting ---------------------------------------------------------------------------------------------
 
-    def _await(self, pending, timeout: float) -> List[int]:
-        """Spin, then sleep until ``pending()`` is empty; what is still pending after ``timeout`` seconds."""
-        left = pending()
-        if not left:
-            return left
-        if self._spinner.spin(lambda: not pending()):
+    def _arrived(self, seq: int) -> bool:
+        """Whether every rank's entry ``seq`` is in (:meth:`missing` without building a list: a spinning rank asks
+        this over and over)."""
+        fields = self._fields
+        for q in self._peers:
+            if fields[q][POSTED] < seq and not fields[q][CLOSED]:
+                return False
+        return True
+
+    def _await(self, seq: int, timeout: float) -> List[int]:
+        """Spin, then sleep until every rank's entry ``seq`` is in; the ranks still missing after ``timeout``
+        seconds."""
+        if self._spinner.spin(functools.partial(self._arrived, seq)):
             return []
+        pending = functools.partial(self.missing, seq)
         own = self._own
         assert own is not None, "fast lane used after release()"
         own[WAITING] = 1
@@ -175,6 +188,7 @@ class ShmLane:
 
     def _wake_sleepers(self) -> None:
         fields = self._fields
-        sleepers = [q for q in self._peers if fields[q][WAITING]]
-        if sleepers:
-            self._group.wake(sleepers)
+        for q in self._peers:
+            if fields[q][WAITING]:
+                self._group.wake([p for p in self._peers if fields[p][WAITING]])
+                return

@@ -2,7 +2,7 @@
 deciding a lone blocking small collective there when every rank proposed it."""
 from __future__ import annotations
 
-from typing import List, Sequence, cast
+from typing import List, Sequence
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from horovod.engine.engine_state import EngineState
 from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
 from horovod.engine.fast_lane import FastLane
 from horovod.engine.negotiation import reduce_payloads
-from horovod.engine.handles import Entry
+from horovod.engine.handles import Entry, HostEntry
 from horovod.engine.outbox import Outbox
 from horovod.transport.base import TransportError
 
@@ -43,9 +43,9 @@ class LaneUse:
                 # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
                 # and a rank that passes it where another passes the global set posts no entry the proposer could
                 # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
-                and all(len(info.ranks) == state.size for info in state.sets.values())
+                and state.every_set_spans
                 and state.drive_lock.acquire(blocking=False)):
-            seq = lane.propose(entries[0].request, cast(np.ndarray, entries[0].tensor))   # eligible: a host array
+            seq = lane.propose(entries[0].request, entries[0].tensor)   # eligible: a host array
             if not seq:
                 state.drive_lock.release()
             return seq
@@ -70,7 +70,8 @@ class LaneUse:
             if outcome != "fast":
                 return True   # the engine finished while waiting: the handle failed with it
             state.recorder.lane_done(req)   # [hang doctor]
-            state.pop_entries(req.process_set, [req.name])
+            with state.lock:
+                state.inflight.pop((req.process_set, req.name), None)
             entry.handle.complete(entry.index, output)
             return True
         except (TransportError, OSError) as exc:
@@ -82,21 +83,22 @@ class LaneUse:
                 driver.call_background()
 
 
-def lane_result(entry: Entry, payloads: Sequence[memoryview], size: int) -> np.ndarray:
+def lane_result(entry: HostEntry, payloads: Sequence[memoryview], size: int) -> np.ndarray:
     """This rank's result of the lane's collective ``entry`` from every rank's payload (rank order), written
     into the entry's output (allocated when the call returns a new one), as the executor would."""
     req = entry.request
-    dtype = ops.storage_dtype(req.dtype)
+    output = entry.output
     if req.kind == ops.ALLREDUCE:
-        if entry.output is None or req.dtype == ops.BFLOAT16:   # (bfloat16 is reduced in float32, then narrowed)
-            total = reduce_payloads([req], payloads, size)
-            if entry.output is None:
-                entry.output = total.reshape(req.shape)
-                return total.reshape(req.shape)
-            np.copyto(entry.output.reshape(-1), total, casting="no")
-        else:   # straight into the caller's output: no new array, no copy
-            reduce_payloads([req], payloads, size, out=entry.output.reshape(-1))
-        return cast(np.ndarray, entry.output)
+        if output is not None and req.dtype != ops.BFLOAT16:   # (bfloat16 is reduced in float32, then narrowed)
+            reduce_payloads([req], payloads, size, out=output.reshape(-1))   # no new array, no copy
+            return output
+        total = reduce_payloads([req], payloads, size)
+        if output is None:
+            output = entry.output = total.reshape(req.shape)
+        else:
+            np.copyto(output.reshape(-1), total, casting="no")
+        return output
+    dtype = ops.storage_dtype(req.dtype)
     if req.kind == ops.REDUCESCATTER:
         # This rank's block of rows (the executor's split: the first rows % size ranks get one more).
         splits = ops.split_rows(req.shape[0], size)
@@ -107,11 +109,13 @@ def lane_result(entry: Entry, payloads: Sequence[memoryview], size: int) -> np.n
         entry.output = out
         return out
     if req.kind == ops.BROADCAST:
-        output = entry.output = result_pool.empty(req.shape, dtype) if entry.output is None else entry.output
-        source = payloads[req.root] if req.rank != req.root else cast(np.ndarray, entry.tensor)
+        if output is None:
+            output = entry.output = result_pool.empty(req.shape, dtype)
+        source = entry.tensor if req.rank == req.root else payloads[req.root]
+        assert source is not None, "a collective on the lane has its input"
         if output is not source:   # in place at the root: nothing to copy
             np.copyto(output.reshape(-1), np.frombuffer(source, dtype=dtype), casting="no")
-        return cast(np.ndarray, output)
+        return output
     # ALLGATHER: the rows of every rank, in rank order.
     row = ops.row_elems(req.shape) * dtype.itemsize
     rows = [len(p) // row if row else 0 for p in payloads]

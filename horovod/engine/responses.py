@@ -42,7 +42,7 @@ class Responses:
             if resp.kind == ops.REMOVE_PROCESS_SET:
                 # The coordinator's payload: (the id asked for, whether such a set existed).
                 set_id, existed = cast(Tuple[int, bool], resp.payload)
-                info = self.state.sets.pop(set_id, None)
+                info = self.state.remove_set(set_id)
                 self.state.executor.forget_set(set_id)   # its NCCL communicators
                 if info is not None and info.transport is not None and info.transport is not self.state.world:
                     info.transport.close()
