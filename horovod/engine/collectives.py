@@ -20,7 +20,7 @@ import numpy as np
 
 from horovod.engine import ops, state
 from horovod.engine.device import DeviceArray, HostOrDevice
-from horovod.engine.errors import InvalidArgumentError
+from horovod.engine.errors import InvalidArgumentError, NameInFlightError
 from horovod.engine.handles import Entry, Handle
 from horovod.engine.messages import Request
 from horovod.engine.naming import JOIN_NAME, group_names, reset_names, tensor_name  # noqa: F401  (the engine API)
@@ -76,17 +76,18 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
         try:
             runtime.enqueue(entries, attended)
             return handle
-        except ValueError:
-            if not attended or not _after_same_names(runtime, entries):
+        except NameInFlightError:
+            if not attended:
                 raise
+            _after_same_names(runtime, entries)
 
 
-def _after_same_names(runtime: "Runtime", entries: Sequence[Entry]) -> bool:
+def _after_same_names(runtime: "Runtime", entries: Sequence[Entry]) -> None:
     """A blocking call whose name another thread of this rank has in flight waits for that collective, then runs
     as the next one of that name (issue 38, E3). Refusing it instead depends on timing: where the first call had
     already finished, the second is a new collective, so the ranks would disagree on how many there are and one
-    would hang. Waiting gives every rank the same collectives whichever order its threads came in. Returns False
-    when no such collective is in flight (the ValueError was about something else)."""
+    would hang. Waiting gives every rank the same collectives whichever order its threads came in. (The other
+    collective may have finished since the refusal: then there is nothing to wait for, and the caller retries.)"""
     engine = runtime.state
     with engine.lock:
         first = [engine.inflight.get((e.request.process_set, e.request.name)) for e in entries]
@@ -96,7 +97,6 @@ def _after_same_names(runtime: "Runtime", entries: Sequence[Entry]) -> bool:
             other.wait()   # drives it when nobody else does; its failure is its own caller's to report
         except Exception:  # noqa: BLE001  (the retried enqueue raises if the engine failed)
             pass
-    return bool(handles)
 
 
 def _splits_of(splits: Optional[Sequence[Optional[Sequence[int]]]], i: int) -> Optional[tuple]:

@@ -29,6 +29,14 @@ class InvalidArgumentError(ValueError, RuntimeError):
     """
 
 
+class NameInFlightError(ValueError):
+    """This rank already has a collective of that name in progress (a ``ValueError``, as Horovod 0.28.1 raised).
+
+    A blocking call that meets it waits for that collective and runs as the next one of the name
+    (:mod:`horovod.engine.collectives`); an asynchronous call gets it.
+    """
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """Hosts were added or removed; elastic training resets without restoring.
 

@@ -2,14 +2,15 @@
 
 The coordinator path costs a small collective two control-plane hops with Python at both ends of each (or, warm,
 a round and then the data-plane collective: two synchronisations); a rank that has just computed for a while also
-has to be woken for each hop. A lone blocking allreduce, broadcast, allgather or reducescatter of at most
+has to be woken for each hop. A lone blocking allreduce, broadcast, allgather, reducescatter or alltoall of at most
 ``HOROVOD_FAST_LANE_BYTES`` (256 KiB, and 512 KiB over all ranks' payloads) does better on one host. Each rank
 posts its request's digest and its bytes on a board in shared memory (:mod:`horovod.engine.lane_board`; a
 broadcast's non-root ranks post no bytes), and when every rank posted the same digest for the same lane number,
 each computes its result from the payloads itself: an allreduce in rank order with the coordinator's own
 arithmetic (:func:`horovod.engine.negotiation.reduce_payloads`), so every rank gets the bytes the coordinator
 would have sent; a broadcast from the root's payload; an allgather by concatenating the payloads in rank order; a
-reducescatter by reducing its own block of every payload. Anything else (a different tensor, a mismatch, a rank
+reducescatter by reducing its own block of every payload; an alltoall by taking its rows out of every payload
+(each starts with the rows its rank sends each rank). Anything else (a different tensor, a mismatch, a rank
 busy with other work) makes the number *slow*, and every rank sends its request to the coordinator as before:
 errors, joins and stall reports are unchanged.
 
@@ -43,7 +44,7 @@ HOUSEKEEPING_S = 0.05
 _DIGESTS_KEPT = 4096
 
 #: What the lane decides: every rank's result is a function of every rank's input, read from the board.
-LANE_KINDS = (ops.ALLREDUCE, ops.BROADCAST, ops.ALLGATHER, ops.REDUCESCATTER)
+LANE_KINDS = (ops.ALLREDUCE, ops.BROADCAST, ops.ALLGATHER, ops.REDUCESCATTER, ops.ALLTOALL)
 
 #: The most payload bytes a rank reads for one collective on the lane (np = 2 and 4 measured on 2 cores).
 READ_BUDGET = 512 * 1024
@@ -93,11 +94,16 @@ class FastLane:
 
     def eligible(self, req: Request, tensor: object) -> bool:
         """Whether ``req`` over ``tensor`` may be proposed (the engine also checks that nothing else is in
-        flight): an allreduce, broadcast, allgather or reducescatter of the global set, of a host array of at most
-        HOROVOD_FAST_LANE_BYTES."""
+        flight): any collective but a barrier, a join or Adasum, on the global set, of a host array of at most
+        HOROVOD_FAST_LANE_BYTES (an alltoall's with its splits)."""
         return (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0 and req.group is None
-                and type(tensor) is np.ndarray and tensor.nbytes <= self.limit and not self.board.closed
+                and type(tensor) is np.ndarray and tensor.nbytes + self._header(req) <= self.limit
+                and not self.board.closed
                 and self._well_formed(req, tensor))
+
+    def _header(self, req: Request) -> int:
+        """Bytes an entry carries before the tensor's: an alltoall's splits (its ranks send different rows)."""
+        return 8 * self.size if req.kind == ops.ALLTOALL else 0
 
     def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
         """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no
@@ -108,6 +114,8 @@ class FastLane:
             return tensor.ndim > 0 and ops.row_elems(tensor.shape) > 0
         if req.kind == ops.REDUCESCATTER:
             return tensor.ndim > 0
+        if req.kind == ops.ALLTOALL:   # (checked when it was issued; the lane relies on it)
+            return req.splits is not None and len(req.splits) == self.size
         return True
 
     def propose(self, req: Request, tensor: Any) -> int:
@@ -115,6 +123,12 @@ class FastLane:
         take one right now (then it is posted as slow).  A broadcast's non-root ranks post no bytes."""
         if req.kind == ops.BROADCAST and req.root != req.rank:
             tensor = tensor.reshape(-1)[:0]
+        elif req.kind == ops.ALLTOALL:   # the rows this rank sends each rank, then the rows
+            header = self._header(req)
+            framed = np.empty(header + tensor.nbytes, np.uint8)
+            framed[:header].view(np.int64)[:] = req.splits or ()
+            framed[header:] = tensor.reshape(-1).view(np.uint8)
+            tensor = framed
         seq = self.board.post_fast(self._digest(req), tensor)
         if not seq:
             self.board.post_slow(1)
@@ -183,8 +197,9 @@ class FastLane:
 
     def _digest(self, req: Request) -> int:
         """A stable 64-bit digest of everything that must agree across ranks (Python's hash() is per process)."""
-        # An allgather's ranks may differ in rows; a broadcast's in nothing, but they must agree on the root.
-        shape = req.shape[1:] if req.kind == ops.ALLGATHER else req.shape
+        # An allgather's or alltoall's ranks may differ in rows; a broadcast's in nothing, but they must agree on
+        # the root.
+        shape = req.shape[1:] if req.kind in (ops.ALLGATHER, ops.ALLTOALL) else req.shape
         key = (req.name, req.kind, req.dtype, shape, req.op, req.prescale, req.postscale, req.root)
         digest = self._digests.get(key)
         if digest is None:

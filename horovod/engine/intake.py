@@ -13,7 +13,7 @@ from typing import List, Optional
 from horovod.engine import fusion
 from horovod.engine.drive import Driver
 from horovod.engine.engine_state import EngineState, Key
-from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError, ShutdownError
+from horovod.engine.errors import SHUTDOWN_MESSAGE, NameInFlightError, PeerFailureError, ShutdownError
 from horovod.engine.handles import Entry
 from horovod.engine.job import forked_error
 from horovod.engine.lane_use import LaneUse
@@ -103,7 +103,7 @@ class Intake:
                                  f"(ranks {list(pset.ranks)}).")
             key = (req.process_set, req.name)
             if key in state.inflight or key in seen:
-                raise ValueError(
+                raise NameInFlightError(
                     f"Requested a collective on tensor name '{req.name}', but a collective with that name is "
                     f"still in progress on this rank. Wait for it (synchronize) or use a different name.")
             keys.append(key)

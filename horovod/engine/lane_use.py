@@ -2,7 +2,7 @@
 deciding a lone blocking small collective there when every rank proposed it."""
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
@@ -13,6 +13,7 @@ from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
 from horovod.engine.fast_lane import FastLane
 from horovod.engine.negotiation import reduce_payloads
 from horovod.engine.handles import Entry, HostEntry
+from horovod.engine.messages import Request
 from horovod.engine.outbox import Outbox
 from horovod.transport.base import TransportError
 
@@ -83,7 +84,7 @@ class LaneUse:
                 driver.call_background()
 
 
-def lane_result(entry: HostEntry, payloads: Sequence[memoryview], size: int) -> np.ndarray:
+def lane_result(entry: HostEntry, payloads: Sequence[memoryview], size: int) -> Any:
     """This rank's result of the lane's collective ``entry`` from every rank's payload (rank order), written
     into the entry's output (allocated when the call returns a new one), as the executor would."""
     req = entry.request
@@ -116,8 +117,10 @@ def lane_result(entry: HostEntry, payloads: Sequence[memoryview], size: int) -> 
         if output is not source:   # in place at the root: nothing to copy
             np.copyto(output.reshape(-1), np.frombuffer(source, dtype=dtype), casting="no")
         return output
-    # ALLGATHER: the rows of every rank, in rank order.
     row = ops.row_elems(req.shape) * dtype.itemsize
+    if req.kind == ops.ALLTOALL:
+        return _alltoall_result(req, payloads, size, row, dtype)
+    # ALLGATHER: the rows of every rank, in rank order.
     rows = [len(p) // row if row else 0 for p in payloads]
     out = result_pool.empty((sum(rows),) + tuple(req.shape[1:]), dtype)
     flat, offset = out.reshape(-1).view(np.uint8), 0
@@ -126,3 +129,19 @@ def lane_result(entry: HostEntry, payloads: Sequence[memoryview], size: int) -> 
         offset += len(payload)
     entry.output = out
     return out
+
+
+def _alltoall_result(req: Request, payloads: Sequence[memoryview], size: int, row: int,
+                     dtype: np.dtype) -> Tuple[np.ndarray, np.ndarray]:
+    """An alltoall's ``(rows received, splits received)``: every payload starts with the rows its rank sends each
+    rank (int64), then its rows; this rank's are after those its rank sends the lower ranks."""
+    header, me = 8 * size, req.rank
+    splits = [np.frombuffer(p[:header], np.int64) for p in payloads]
+    received = [int(s[me]) for s in splits]
+    out = result_pool.empty((sum(received),) + tuple(req.shape[1:]), dtype)
+    flat, offset = out.reshape(-1).view(np.uint8), 0
+    for payload, sent, rows in zip(payloads, splits, received):
+        start = header + int(sent[:me].sum()) * row
+        flat[offset:offset + rows * row] = np.frombuffer(payload[start:start + rows * row], np.uint8)
+        offset += rows * row
+    return out, np.asarray(received, dtype=np.int32)
