@@ -89,7 +89,7 @@ class Driver:
                 try:
                     wait = self.select_timeout()
                 except Exception as exc:   # a bug in the driver fails the engine loudly, not the caller alone
-                    self._crash(exc)
+                    self.crash(exc)
                     return
                 if deadline is not None:
                     remaining = deadline - time.monotonic()
@@ -190,10 +190,11 @@ class Driver:
         except (PeerError, TransportError, OSError) as exc:
             self.teardown.die_of_peer_failure(exc)
         except BaseException as exc:  # a bug must fail the handles loudly, not hang them
-            self._crash(exc)
+            self.crash(exc)
         return False
 
-    def _crash(self, exc: BaseException) -> None:
+    def crash(self, exc: BaseException) -> None:
+        """A bug: fail every handle loudly (the engine ends), never leave them hanging."""
         logger.exception("horovod progress engine crashed")
         self.teardown.die(HorovodInternalError(f"Horovod background thread crashed: {exc!r}"), notify=True)
 

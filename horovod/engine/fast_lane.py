@@ -94,16 +94,21 @@ class FastLane:
 
     def eligible(self, req: Request, tensor: object) -> bool:
         """Whether ``req`` over ``tensor`` may be proposed (the engine also checks that nothing else is in
-        flight): any collective but a barrier, a join or Adasum, on the global set, of a host array of at most
-        HOROVOD_FAST_LANE_BYTES (an alltoall's with its splits)."""
+        flight): any collective but a barrier, a join or Adasum, on the global set, of a host array."""
         return (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0 and req.group is None
-                and type(tensor) is np.ndarray and tensor.nbytes + self._header(req) <= self.limit
-                and not self.board.closed
-                and self._well_formed(req, tensor))
+                and type(tensor) is np.ndarray and not self.board.closed and self._well_formed(req, tensor))
 
-    def _header(self, req: Request) -> int:
-        """Bytes an entry carries before the tensor's: an alltoall's splits (its ranks send different rows)."""
-        return 8 * self.size if req.kind == ops.ALLTOALL else 0
+    def on_board(self, req: Request, tensor: Any) -> bool:
+        """Whether the data travels on the board (at most HOROVOD_FAST_LANE_BYTES with an alltoall's splits);
+        otherwise the lane only agrees, and the data plane carries the data."""
+        return tensor.nbytes + self._header(req, True) <= self.limit
+
+    def _header(self, req: Request, on_board: bool) -> int:
+        """Bytes an entry carries before (or instead of) the tensor's: what each rank needs of the others' shapes
+        (an alltoall's splits, an allgather's rows when the data plane carries them)."""
+        if req.kind == ops.ALLTOALL:
+            return 8 * self.size
+        return 8 if req.kind == ops.ALLGATHER and not on_board else 0
 
     def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
         """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no
@@ -118,18 +123,26 @@ class FastLane:
             return req.splits is not None and len(req.splits) == self.size
         return True
 
-    def propose(self, req: Request, tensor: Any) -> int:
-        """Post ``req`` with ``tensor``'s bytes as a fast entry and return its lane number; 0 when the board cannot
-        take one right now (then it is posted as slow).  A broadcast's non-root ranks post no bytes."""
-        if req.kind == ops.BROADCAST and req.root != req.rank:
+    def propose(self, req: Request, tensor: Any, on_board: bool) -> int:
+        """Post ``req`` as a fast entry and return its lane number; 0 when the board cannot take one right now
+        (then it is posted as slow).  ``on_board``: with ``tensor``'s bytes (a broadcast's non-root ranks post
+        none), else with only what the others need to run it on the data plane."""
+        header = self._header(req, on_board)
+        if not on_board:
+            payload = np.empty(header // 8, np.int64)
+            if req.kind == ops.ALLGATHER:
+                payload[0] = req.shape[0]
+            elif req.kind == ops.ALLTOALL:
+                payload[:] = req.splits or ()
+            tensor = payload
+        elif req.kind == ops.BROADCAST and req.root != req.rank:
             tensor = tensor.reshape(-1)[:0]
-        elif req.kind == ops.ALLTOALL:   # the rows this rank sends each rank, then the rows
-            header = self._header(req)
+        elif header:   # an alltoall: the rows this rank sends each rank, then the rows
             framed = np.empty(header + tensor.nbytes, np.uint8)
             framed[:header].view(np.int64)[:] = req.splits or ()
             framed[header:] = tensor.reshape(-1).view(np.uint8)
             tensor = framed
-        seq = self.board.post_fast(self._digest(req), tensor)
+        seq = self.board.post_fast(self._digest(req, on_board), tensor)
         if not seq:
             self.board.post_slow(1)
         return seq
@@ -195,12 +208,13 @@ class FastLane:
             if self._stall_shutdown_s and waited >= self._stall_shutdown_s:
                 return "stalled", None
 
-    def _digest(self, req: Request) -> int:
+    def _digest(self, req: Request, on_board: bool) -> int:
         """A stable 64-bit digest of everything that must agree across ranks (Python's hash() is per process)."""
         # An allgather's or alltoall's ranks may differ in rows; a broadcast's in nothing, but they must agree on
         # the root.
         shape = req.shape[1:] if req.kind in (ops.ALLGATHER, ops.ALLTOALL) else req.shape
-        key = (req.name, req.kind, req.dtype, shape, req.op, req.prescale, req.postscale, req.root)
+        # Where the data travels is part of it: ranks that would carry it differently never decide fast together.
+        key = (req.name, req.kind, req.dtype, shape, req.op, req.prescale, req.postscale, req.root, on_board)
         digest = self._digests.get(key)
         if digest is None:
             if len(self._digests) >= _DIGESTS_KEPT:

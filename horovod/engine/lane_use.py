@@ -2,7 +2,7 @@
 deciding a lone blocking small collective there when every rank proposed it."""
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
 from horovod.engine.fast_lane import FastLane
 from horovod.engine.negotiation import reduce_payloads
 from horovod.engine.handles import Entry, HostEntry
-from horovod.engine.messages import Request
+from horovod.engine.messages import Request, Response
 from horovod.engine.outbox import Outbox
 from horovod.transport.base import TransportError
 
@@ -46,7 +46,8 @@ class LaneUse:
                 # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
                 and state.every_set_spans
                 and state.drive_lock.acquire(blocking=False)):
-            seq = lane.propose(entries[0].request, entries[0].tensor)   # eligible: a host array
+            entry = entries[0]   # eligible: a host array
+            seq = lane.propose(entry.request, entry.tensor, lane.on_board(entry.request, entry.tensor))
             if not seq:
                 state.drive_lock.release()
             return seq
@@ -58,9 +59,16 @@ class LaneUse:
         (carried out here, or failed with the engine), False when it goes to the coordinator."""
         req = entry.request
         state, lane, driver = self.state, self.lane, self.driver
+        on_board = lane.on_board(req, entry.tensor)
+        housekeeping = lambda: driver.guarded_step(0.0)   # noqa: E731
         try:
-            outcome, output = lane.settle(seq, req, lambda: driver.guarded_step(0.0),
-                                          lambda payloads: lane_result(entry, payloads, state.size))
+            plan: Optional[Response] = None
+            if on_board:
+                outcome, output = lane.settle(seq, req, housekeeping,
+                                              lambda payloads: lane_result(entry, payloads, state.size))
+            else:
+                outcome, plan = lane.settle(seq, req, housekeeping,
+                                            lambda payloads: plane_response(req, payloads, state.size))
             if outcome == "slow":
                 return False
             if outcome == "stalled":
@@ -70,6 +78,8 @@ class LaneUse:
                     f"{SHUTDOWN_MESSAGE}"), notify=True)
             if outcome != "fast":
                 return True   # the engine finished while waiting: the handle failed with it
+            if plan is not None:   # agreed: every rank runs it on the data plane now, as the coordinator's response
+                output = state.executor.execute_on_host(plan, [entry])[0]
             state.recorder.lane_done(req)   # [hang doctor]
             with state.lock:
                 state.inflight.pop((req.process_set, req.name), None)
@@ -77,6 +87,9 @@ class LaneUse:
             return True
         except (TransportError, OSError) as exc:
             driver.teardown.die_of_peer_failure(exc)
+            return True
+        except Exception as exc:  # noqa: BLE001  (a bug fails every handle loudly, as in the drive loop)
+            driver.crash(exc)
             return True
         finally:
             state.drive_lock.release()
@@ -145,3 +158,16 @@ def _alltoall_result(req: Request, payloads: Sequence[memoryview], size: int, ro
         flat[offset:offset + rows * row] = np.frombuffer(payload[start:start + rows * row], np.uint8)
         offset += rows * row
     return out, np.asarray(received, dtype=np.int32)
+
+
+def plane_response(req: Request, payloads: Sequence[memoryview], size: int) -> Response:
+    """The response the coordinator would have sent for ``req`` once every rank proposed it with its data off the
+    board: the request's own parameters, and what each rank posted of its shape (an allgather's rows, an
+    alltoall's splits: the executor needs every rank's)."""
+    resp = Response(kind=req.kind, names=[req.name], process_set=req.process_set, dtype=req.dtype, op=req.op,
+                    root=req.root, prescale=req.prescale, postscale=req.postscale, shapes=[req.shape])
+    if req.kind == ops.ALLGATHER:
+        resp.first_dims = [[int(np.frombuffer(p, np.int64)[0]) for p in payloads]]
+    elif req.kind == ops.ALLTOALL:
+        resp.splits = [[np.frombuffer(p, np.int64).tolist() for p in payloads]]
+    return resp

@@ -174,16 +174,16 @@ def sizes_worker() -> dict:
 @pytest.mark.parametrize("np_", [2, 4])
 def test_fast_lane_takes_allreduces_up_to_its_limit(np_):
     """A lone blocking allreduce of up to HOROVOD_FAST_LANE_BYTES (256 KiB), and 512 KiB over every rank's payload
-    (each rank reads them all), is decided on the lane in one synchronisation; one of 4 bytes more goes the
-    coordinator's way. Results against numpy either way."""
+    (each rank reads them all), is decided and carried out on the lane in one synchronisation; one of 4 bytes more
+    is agreed there and carried by the data plane. Results against numpy either way."""
     if transport_skip_reason("shm"):
         pytest.skip(transport_skip_reason("shm"))
     results = run(sizes_worker, np_, "shm", timeout=300)
     assert_no_failures([r["checks"] for r in results])
     for r in results:
         assert r["limit"] == {2: 256 * 1024, 4: 128 * 1024}[np_], r["limit"]
-        assert r["decided"]["4K"][0] >= 8 and r["decided"]["limit"][0] >= 8, r["decided"]
-        assert r["decided"]["past"] == (0, 0), r["decided"]   # never proposed: past the limit
+        # up to the limit on the board, past it agreed on the lane and carried by the data plane
+        assert all(r["decided"][size][0] >= 8 for size in ("4K", "limit", "past")), r["decided"]
 
 
 def test_fast_lane_limit_is_a_knob():
@@ -192,7 +192,7 @@ def test_fast_lane_limit_is_a_knob():
     results = run(sizes_worker, 2, "shm", timeout=300, env={"HOROVOD_FAST_LANE_BYTES": "1024"})
     assert_no_failures([r["checks"] for r in results])
     for r in results:
-        assert r["limit"] == 1024 and r["decided"]["4K"] == (0, 0), r
+        assert r["limit"] == 1024 and r["decided"]["4K"][0] >= 8, r   # agreed on the lane, data off the board
 
 
 def kinds_worker() -> dict:
@@ -246,14 +246,20 @@ def kinds_worker() -> dict:
     return {"checks": checks.report(), "fast": after[0] - before[0]}
 
 
+@pytest.mark.parametrize("board_bytes", ["default", "64"])
 @pytest.mark.parametrize("np_", [2, 3])
-def test_fast_lane_carries_every_kind_of_collective(np_):
+def test_fast_lane_carries_every_kind_of_collective(np_, board_bytes):
+    """On the board (the default limit), and, with a limit of 64 bytes, most of them agreed on the lane and
+    carried by the data plane (an allgather's rows and an alltoall's splits travel on the board then)."""
     if transport_skip_reason("shm"):
         pytest.skip(transport_skip_reason("shm"))
-    results = run(kinds_worker, np_, "shm", timeout=300)
+    env = {} if board_bytes == "default" else {"HOROVOD_FAST_LANE_BYTES": board_bytes}
+    results = run(kinds_worker, np_, "shm", timeout=300, env=env)
     assert_no_failures([r["checks"] for r in results])
     for r in results:
-        assert r["fast"] >= 85, r   # nearly all of the 96 calls
+        # nearly all of the 96 calls; with 64 bytes on the board the uneven alltoalls of odd rounds are on the board
+        # on one rank and off it on another, so they take the coordinator's way (12 of them)
+        assert r["fast"] >= (85 if board_bytes == "default" else 75), r
 
 
 def test_fast_lane_not_used_over_tcp():
