@@ -14,6 +14,12 @@ reducescatter by reducing its own block of every payload; an alltoall by taking 
 busy with other work) makes the number *slow*, and every rank sends its request to the coordinator as before:
 errors, joins and stall reports are unchanged.
 
+A lone blocking collective too large for the board is still agreed there: its entry carries only what the
+others need of its shape (an allgather's rows, an alltoall's splits), and once every rank posted the same digest
+each builds the response the coordinator would have sent and runs it on the data plane
+(:func:`horovod.engine.lane_use.plane_response`). Where the data travels is part of the digest, so ranks that
+would carry it differently (an allgather whose rows fit the board on one rank only) take the coordinator's way.
+
 Why the lane numbers pair up: every collective a rank issues on the global process set — or on another set of
 every rank, which a rank may pass where another passes the global set — takes the next number (the engine posts a
 slow entry for everything it does not propose), all ranks issue the same collectives on those sets,
