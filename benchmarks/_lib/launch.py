@@ -1,20 +1,24 @@
-"""Starting benchmark jobs (horovodrun, mpirun, torchrun) under a timeout, and the flags the training comparisons
-share.
+"""Starting benchmark jobs (horovodrun, mpirun, torchrun, or plain processes started by the driver) under a
+timeout, and the flags the training comparisons share.
 
 Everything here runs in the driver process of a benchmark, never inside a rank.  A job is a whole process tree
 (``horovodrun`` or ``mpirun`` plus its workers): it is started in its own session so that a timeout can kill every
-process of it at once, not only the launcher.
+process of it at once, not only the launcher.  A job of plain processes (:func:`run_workers`) gives each worker a
+session of its own and kills all of them.
 """
 from __future__ import annotations
 
 import dataclasses
 import argparse
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,6 +76,22 @@ def torchrun_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     return env
 
 
+def plain_env(extra: Optional[Mapping[str, str]] = None, drop: Sequence[str] = ()) -> Dict[str, str]:
+    """Environment for a peer's workers started as plain processes by the driver (one ``python`` per worker, as
+    tf.distribute's users start MultiWorkerMirroredStrategy), as a user's shell would give it: the checkout on the
+    path, no ``HOROVOD_*`` variables (nothing of this project's launcher: no core binding), no ``OMP_NUM_THREADS``
+    from the driver, and none of the variables named in ``drop`` (prefixes, e.g. ``TF_CONFIG``)."""
+    env = repo_env(extra=None, drop_prefixes=("HOROVOD_", "OMP_NUM_THREADS", *drop))
+    env.update(extra or {})
+    return env
+
+
+def tf_config(ports: Sequence[int], index: int) -> str:
+    """``TF_CONFIG`` of worker ``index`` of a tf.distribute cluster of one worker per port on 127.0.0.1."""
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
 def worker_placement() -> Dict[str, object]:
     """What a rank sees of its launcher's placement (recorded in run headers): the CPUs it may run on and the
     thread settings it inherited."""
@@ -89,7 +109,8 @@ def describe_placement(records: Sequence[Mapping[str, object]]) -> str:
     parts = []
     for r in sorted(records, key=lambda r: int(str(r.get("rank", 0)))):
         cpus = r.get("cpus_allowed") or []
-        extra = "".join(f", {k}={r[k]}" for k in ("OMP_NUM_THREADS", "torch_threads", "HOROVOD_BIND_CORES")
+        extra = "".join(f", {k}={r[k]}" for k in ("OMP_NUM_THREADS", "torch_threads", "tf_threads",
+                                                  "HOROVOD_BIND_CORES")
                         if r.get(k) is not None)
         parts.append(f"rank {r.get('rank')}: CPUs {cpus} of {r.get('cpu_count')}{extra}")
     return "; ".join(parts) or "not recorded"
@@ -149,6 +170,62 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, cwd: Opt
     finally:
         # Ranks that outlived their launcher (a crash in the middle of a collective) must not linger either.
         _kill_group(proc.pid, signal.SIGKILL)
+
+
+def run_workers(cmd: Sequence[str], envs: Sequence[Mapping[str, str]], timeout: float, grace: float = 20.0,
+                cwd: Optional[str] = None) -> JobResult:
+    """Start ``len(envs)`` processes of ``cmd``, one per environment (a job of plain processes, no launcher), and
+    wait for all of them for at most ``timeout`` seconds; then kill every process group of the job.
+
+    Once a worker has failed, the others get ``grace`` seconds to end before they are killed (a peer waiting in a
+    collective for the failed one would otherwise hold the job until the timeout).  The result's output is every
+    worker's, in worker order, each under a ``--- worker i ---`` line; its return code is the first failure's.
+    """
+    procs: List[subprocess.Popen] = []
+    files = []
+    try:
+        for env in envs:
+            out, err = tempfile.TemporaryFile("w+", errors="replace"), tempfile.TemporaryFile("w+", errors="replace")
+            files.append((out, err))
+            procs.append(subprocess.Popen(list(cmd), env=dict(env), cwd=cwd or REPO, stdout=out, stderr=err,
+                                          text=True, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if any(p.poll() not in (None, 0) for p in procs):
+                deadline = min(deadline, now + grace)
+            if now >= deadline:
+                timed_out = not any(p.poll() not in (None, 0) for p in procs)
+                break
+            time.sleep(0.05)
+        if any(p.poll() is None for p in procs):
+            for p in procs:
+                _kill_group(p.pid, signal.SIGTERM)
+            end = time.monotonic() + 10
+            while any(p.poll() is None for p in procs) and time.monotonic() < end:
+                time.sleep(0.05)
+        codes = [p.poll() for p in procs]
+        failed = next((c for c in codes if c not in (None, 0)), None)
+        returncode = failed if failed is not None else (None if None in codes else 0)
+        texts = []
+        for out, err in files:
+            out.seek(0)
+            err.seek(0)
+            texts.append((out.read(), err.read()))
+        stdout = "".join(f"--- worker {i} ---\n{o}" for i, (o, _) in enumerate(texts))
+        stderr = "".join(f"--- worker {i} ---\n{e}" for i, (_, e) in enumerate(texts))
+        return JobResult(list(cmd), returncode, stdout, stderr, timed_out or returncode is None)
+    finally:
+        for p in procs:   # every worker's whole group, whatever happened
+            _kill_group(p.pid, signal.SIGKILL)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for out, err in files:
+            out.close()
+            err.close()
 
 
 def _kill_group(pgid: int, sig: int) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, cast
 from horovod.engine import flight_dump, fusion, rounds
 from horovod.engine.cache import Wire
 from horovod.engine.engine_state import EngineState
-from horovod.engine.errors import SHUTDOWN_MESSAGE, PeerFailureError
+from horovod.engine.errors import SHUTDOWN_MESSAGE, STALL_WARNING, PeerFailureError
 from horovod.engine.follower import Follower
 from horovod.engine.messages import ControlMessage, Response
 from horovod.engine.negotiation import Coordinator
@@ -183,11 +183,7 @@ class Coordination:
         if stalled:
             lines = "\n".join(f"  set {sid} '{name}': waiting {age:.0f} s for ranks {missing}"
                               for sid, name, missing, age in stalled)
-            logger.warning(
-                "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and "
-                "are waiting for remainder of ranks for more than %d seconds. This may indicate that different "
-                "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
-                "which will cause deadlock.\nMissing ranks:\n%s", warn_after, lines)
+            logger.warning(STALL_WARNING, warn_after, lines)
             flight_dump.on_stall_warning(self.state)   # [hang doctor]
         shutdown_after = self.state.config.stall_shutdown_time_seconds
         if shutdown_after:

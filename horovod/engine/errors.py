@@ -13,6 +13,13 @@ SHUTDOWN_MESSAGE = ("Horovod has been shut down. This was caused by an exception
                     "shutdown was caused by an exception, you should see the exception in the log before the first "
                     "shutdown message.")
 
+#: The stall inspector's warning (the original's text; scripts and log monitors look for it), with one line per
+#: waiting collective: the coordinator's and the fast lane's alike.
+STALL_WARNING = ("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and "
+                 "are waiting for remainder of ranks for more than %d seconds. This may indicate that different "
+                 "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
+                 "which will cause deadlock.\nMissing ranks:\n%s")
+
 
 class HorovodInternalError(RuntimeError):
     """A collective failed on this or another rank (peer died, mismatch, shutdown).

@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 import numpy as np
 
 from horovod.engine import ops
+from horovod.engine.errors import STALL_WARNING
 from horovod.engine.lane_board import ShmLane
 from horovod.engine.messages import Request
 
@@ -205,10 +206,9 @@ class FastLane:
             waited = now - started
             if self._stall_warning_s and not warned and waited >= self._stall_warning_s:
                 warned = True
-                logger.warning(
-                    "The %s '%s' has waited %.0f s for ranks %s to issue it (they are computing, or issue "
-                    "different collectives, which would deadlock).", ops.KIND_NAMES[req.kind].lower(), req.name,
-                    waited, self.board.missing(seq))
+                logger.warning(STALL_WARNING, self._stall_warning_s,
+                               f"  set 0 '{req.name}' ({ops.KIND_NAMES[req.kind].lower()}, on the fast lane): waiting "
+                               f"{waited:.0f} s for ranks {self.board.missing(seq)}")
                 if self.on_stall is not None:
                     self.on_stall()
             if self._stall_shutdown_s and waited >= self._stall_shutdown_s:

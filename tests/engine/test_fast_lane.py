@@ -238,9 +238,11 @@ def kinds_worker() -> dict:
         out, received = hvd.alltoall(np.concatenate([sent(rank, q) for q in range(size)]), splits=splits,
                                      name="a2a")
         checks.equal(out, np.concatenate([sent(r, rank) for r in range(size)]), f"alltoall {i}")
-        checks.equal(np.asarray(received), np.array([rank + r + i % 2 for r in range(size)], np.int32), f"received {i}")
+        checks.equal(np.asarray(received), np.array([rank + r + i % 2 for r in range(size)], np.int32),
+                     f"received {i}")
         even = hvd.alltoall(np.full((2 * size, 2), rank, np.float64), name="a2a_even")
-        checks.equal(even, np.repeat(np.arange(size, dtype=np.float64), 2 * 2).reshape(2 * size, 2), f"even alltoall {i}")
+        checks.equal(even, np.repeat(np.arange(size, dtype=np.float64), 2 * 2).reshape(2 * size, 2),
+                     f"even alltoall {i}")
     after = _lane_counts()
     hvd.shutdown()
     return {"checks": checks.report(), "fast": after[0] - before[0]}
@@ -312,7 +314,7 @@ def stalled_lane_worker(fifo_dir: str) -> dict:
 
     import horovod.numpy as hvd
 
-    logs = capture_horovod_logs(wanted="has waited")
+    logs = capture_horovod_logs(wanted="One or more tensors were submitted")
     hvd.init()
     hvd.allreduce(np.ones(1, np.float32), name="warm")
     out = {}
@@ -349,7 +351,9 @@ def test_stall_on_the_lane_warns_then_fails_every_rank(tmp_path):
                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"})
     name, internal, text = results[0]["error"]
     assert name == "StallError" and internal and "stalled_on_lane" in text and "[1]" in text, (name, text)
-    assert "has waited" in results[0]["log"] and "[1]" in results[0]["log"], results[0]["log"]
+    log = results[0]["log"]   # the original's stall warning, naming the lane's collective and the missing rank
+    assert ("One or more tensors were submitted" in log and "'allreduce.stalled_on_lane'" in log
+            and "ranks [1]" in log), log
     assert results[0]["seconds"] < 30, results[0]
     name, internal, text = results[1]["error"]
     assert internal, (name, text)   # the engine shut down on every rank, as the original's stall shutdown does
