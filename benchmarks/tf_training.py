@@ -98,6 +98,9 @@ def worker(args) -> None:
 
         def barrier() -> None:   # MWMS's own collective across the workers
             all_reduce_one().numpy()
+        total = float(all_reduce_one())   # a check that the barrier is a collective of every worker
+        if total != world:
+            raise RuntimeError(f"MWMS all-reduce of 1 over {world} workers gave {total}")
         sides: Tuple[str, ...] = ("mwms",)
     else:
         import horovod.tensorflow.keras as hvd
@@ -156,7 +159,7 @@ def worker(args) -> None:
             except Exception as exc:  # noqa: BLE001 — MWMS under Keras 3: reported in the table instead of a number
                 if args.side != "mwms":
                     raise
-                failed[side] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                failed[side] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
         live = [side for side in sides if side not in failed]
         rates: Dict[str, List[float]] = {side: [] for side in live}
         cpu = {side: 0.0 for side in live}
@@ -198,9 +201,9 @@ def job_envs(args, job: str) -> List[Dict[str, str]]:
             for i in range(args.np)]
 
 
-def failure(proc: _launch.JobResult) -> str:
+def failure(proc: _launch.JobResult, timeout: float) -> str:
     """One line for the table's notes: how the job ended and its last error line."""
-    how = "timed out and was killed" if proc.timed_out else f"exited with {proc.returncode}"
+    how = f"timed out after {timeout:g} s and was killed" if proc.timed_out else f"exited with {proc.returncode}"
     errors = [ln.strip() for ln in proc.stderr.splitlines() if re.search(r"\w(Error|Exception)\b", ln)]
     return how + (f"; last error: {errors[-1][:160]}" if errors else "")
 
@@ -220,7 +223,7 @@ def run_job(args, job: str) -> dict:
     result = next((ln.split(RESULT_TAG, 1)[1] for ln in lines if RESULT_TAG in ln), None)
     if not proc.ok or result is None:
         print(f"  FAILED after {time.monotonic() - t0:.0f} s: {proc.describe()}", file=sys.stderr, flush=True)
-        return {"failed": failure(proc) if not proc.ok else "no result printed"}
+        return {"failed": failure(proc, args.timeout) if not proc.ok else "no result printed"}
     print(f"  done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     return {**json.loads(result), "placement": [json.loads(ln.split(PLACEMENT_TAG, 1)[1]) for ln in lines
                                                 if PLACEMENT_TAG in ln]}
@@ -246,8 +249,8 @@ def summarize(args, runs: Dict[str, List[dict]]) -> Dict[str, dict]:
     for model in args.models.split(","):
         entry: Dict[str, Any] = {}
         for side in SIDES:
-            reps: List[Dict[str, Any]] = [{"failed": f"job {run['failed']}"} if "failed" in run else run["models"][model][side]
-                    for run in runs[JOB_OF[side]]]
+            reps: List[Dict[str, Any]] = [{"failed": f"job {run['failed']}"} if "failed" in run
+                                          else run["models"][model][side] for run in runs[JOB_OF[side]]]
             rates = [r.get("samples_per_sec") for r in reps]
             ok = [r for r in reps if "samples_per_sec" in r]
             entry[side] = {"reps": rates, "failed": sorted({r["failed"] for r in reps if "failed" in r})}
@@ -284,7 +287,7 @@ def print_header(args, runs: Dict[str, List[dict]], load_start: float) -> None:
     print(f"- **load average**: {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end (1-minute)")
     print(f"- **horovod checkout**: {git_rev()}")
     print(f"- **Keras**: {'tf_keras (TF_USE_LEGACY_KERAS=1)' if args.keras == 'tf_keras' else 'Keras 3'}; "
-          f"TF threads per rank: {args.threads or 'not set (each launcher default)'}")
+          f"TF threads per rank: {args.threads or 'not set (what each launcher gives)'}")
     print(f"- **{LABELS['horovod']} launched as**: {shown_cmd(args, 'horovod')}")
     print(f"- **{LABELS['mwms']} launched as**: {args.np} × {shown_cmd(args, 'mwms')}, started by the driver, "
           f"worker i with TF_CONFIG={{\"cluster\": {{\"worker\": [\"127.0.0.1:PORT_0\", ...]}}, \"task\": "

@@ -301,3 +301,30 @@ def test_torch_training_runs_ddp_under_torchrun_and_horovod_under_horovodrun():
     placement = out.split("DDP + Gloo (torchrun) ranks' placement**: ", 1)[1].splitlines()[0]
     cpus = str(sorted(os.sched_getaffinity(0)))
     assert placement.count(f"CPUs {cpus} of") == 2 and "OMP_NUM_THREADS=1" in placement, placement
+
+
+def test_tf_training_runs_mwms_in_plain_processes_and_horovod_under_horovodrun():
+    """One tiny repetition of each job: MultiWorkerMirroredStrategy in plain processes the driver starts (one per
+    worker, TF_CONFIG each, no horovodrun: allowed on every CPU the driver may use, OMP_NUM_THREADS and HOROVOD_*
+    of the user's shell not inherited), both Horovod sides under horovodrun, and the table with every side."""
+    for module in ("tensorflow", "tf_keras"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (tf_training.py runs MWMS's model.fit under tf_keras)")
+    proc = _run(["benchmarks/tf_training.py", "--np", "2", "--models", "mlp", "--blocks", "1", "--block-steps",
+                 "1", "--warmup", "1", "--batch-size", "8", "--reps", "1", "--timeout", "300"], timeout=700,
+                env_extra={"OMP_NUM_THREADS": "7", "HOROVOD_BIND_CORES": "1"})  # a user's shell: must not leak
+    out = proc.stdout
+    row = next((ln for ln in out.splitlines() if ln.startswith("| mlp |")), None)
+    assert row is not None and "× MWMS" in out, out
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert all(float(c) > 0 for c in cells[1:4]) and cells[4].endswith("×"), row   # hvd, no buckets, MWMS, ratio
+    mwms_cmd = out.split("MultiWorkerMirroredStrategy (plain processes) launched as**: 2 × `", 1)[1].split("`")[0]
+    assert "--side mwms" in mwms_cmd and "horovod.runner" not in mwms_cmd and "torchrun" not in mwms_cmd, mwms_cmd
+    hvd_cmd = out.split("horovod.tensorflow.keras (horovodrun) launched as**: `", 1)[1].split("`", 1)[0]
+    assert "-m horovod.runner -np 2" in hvd_cmd and "--side horovod" in hvd_cmd, hvd_cmd
+    started = [ln for ln in proc.stderr.splitlines() if "mwms, np=2:" in ln]
+    assert len(started) == 1 and "horovod.runner" not in started[0] and "(× 2 processes)" in started[0], started
+    placement = out.split("MultiWorkerMirroredStrategy (plain processes) ranks' placement**: ", 1)[1].splitlines()[0]
+    cpus = str(sorted(os.sched_getaffinity(0)))
+    assert placement.count(f"CPUs {cpus} of") == 2 and placement.count("OMP_NUM_THREADS=unset") == 2, placement
+    assert "HOROVOD_BIND_CORES" not in placement, placement
