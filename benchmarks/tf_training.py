@@ -41,7 +41,6 @@ shows the Horovod sides only.  Prints tables; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -279,13 +278,9 @@ def shown_cmd(args, job: str) -> str:
 
 
 def print_header(args, runs: Dict[str, List[dict]], load_start: float) -> None:
-    from benchmarks._lib.report import git_rev, machine
+    from benchmarks._lib.report import print_run_lines
 
-    print(f"- **date**: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
-    print(f"- **machine**: {machine()}")
-    print(f"- **command**: python {shlex.join([os.path.relpath(__file__), *sys.argv[1:]])}")
-    print(f"- **load average**: {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end (1-minute)")
-    print(f"- **horovod checkout**: {git_rev()}")
+    print_run_lines(__file__, load_start)
     print(f"- **Keras**: {'tf_keras (TF_USE_LEGACY_KERAS=1)' if args.keras == 'tf_keras' else 'Keras 3'}; "
           f"TF threads per rank: {args.threads or 'not set (what each launcher gives)'}")
     print(f"- **{LABELS['horovod']} launched as**: {shown_cmd(args, 'horovod')}")

@@ -202,13 +202,9 @@ def fmt_ratio(r: Tuple[float, float, float]) -> str:
 
 
 def print_header(args, runs: Dict[str, List[dict]], load_start: float) -> None:
-    from benchmarks._lib.report import git_rev, machine
+    from benchmarks._lib.report import print_run_lines
 
-    print(f"- **date**: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
-    print(f"- **machine**: {machine()}")
-    print(f"- **command**: python {shlex.join([os.path.relpath(__file__), *sys.argv[1:]])}")
-    print(f"- **load average**: {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end (1-minute)")
-    print(f"- **horovod checkout**: {git_rev()}")
+    print_run_lines(__file__, load_start)
     for side in SIDES:
         cmd = [os.path.relpath(a) if a == os.path.abspath(__file__) else a for a in side_cmd(args, side, args.np)]
         print(f"- **{LABELS[side]} launched as**: `{shlex.join(cmd)}`"

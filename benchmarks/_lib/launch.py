@@ -251,7 +251,3 @@ def add_training_args(parser, models: str, blocks: int, block_steps: int, timeou
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
 
-def resolve_threads(args) -> None:
-    """``--threads 0``: the cores divided among the ranks."""
-    if args.threads <= 0:
-        args.threads = max(1, (os.cpu_count() or 1) // args.np)

@@ -67,6 +67,15 @@ def header(argv: Optional[Sequence[str]]) -> Dict[str, str]:
             "load average": f"{load():.2f} at start"}
 
 
+def print_run_lines(script: str, load_start: float) -> None:
+    """The first Markdown lines of a training benchmark's report: date, machine, command, load, checkout."""
+    print(f"- **date**: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"- **machine**: {machine()}")
+    print(f"- **command**: python {shlex.join([os.path.relpath(script), *sys.argv[1:]])}")
+    print(f"- **load average**: {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end (1-minute)")
+    print(f"- **horovod checkout**: {git_rev()}")
+
+
 def write_json(path: str, payload: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=1)
