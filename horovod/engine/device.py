@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from math import prod
-from typing import Any, ContextManager, Dict, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, ContextManager, Dict, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -187,10 +187,6 @@ def register_backend(backend: DeviceBackend) -> None:
     _backends[backend.name] = backend
 
 
-def registered() -> Tuple[DeviceBackend, ...]:
-    return tuple(_backends.values())
-
-
 def default_backend() -> Optional[DeviceBackend]:
     """The backend a rank without device tensors of its own uses (a joined rank taking part with zeros)."""
     return next(iter(_backends.values()), None)
@@ -212,10 +208,6 @@ def note_join(device: int = -1) -> None:
 def join_device() -> Optional[int]:
     """The device :func:`note_join` remembered, else ``None``."""
     return _join_device
-
-
-def is_device(array: Any) -> bool:
-    return isinstance(array, DeviceArray)
 
 
 def nccl_version(path: str = "") -> int:

@@ -120,7 +120,7 @@ class Driver:
             return True   # everyone waits for this rank's round; its messages wait for the round
         coord = state.coordinator
         # Rank 0 serves process sets it is not a member of, and holds responses during a cycle-time window.
-        return coord is not None and (self.holding() or coord.has_ready() or state.serves_outsider_sets())
+        return coord is not None and (self.holding() or coord.has_ready() or state.serves_outsiders)
 
     def call_background(self) -> None:
         if self._background_wanted:
@@ -307,7 +307,7 @@ class Driver:
         """Whether this rank joins a round others opened even with nothing to add: while anything is in flight
         here (it may wait for that round), on the coordinator's idle poll, and at the background thread's."""
         state = self.state
-        return bool(state.inflight) or state.idle_polling or state.serves_outsider_sets()
+        return bool(state.inflight) or state.idle_polling or state.serves_outsiders
 
     def _run_warm(self, templates: List[Response]) -> None:
         config = self.state.config

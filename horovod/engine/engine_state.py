@@ -162,14 +162,6 @@ class EngineState:
             raise ValueError(f"rank {self.rank} is not a member of process set {set_id}")
         return transport
 
-    def serves_outsider_sets(self) -> bool:
-        """Rank 0 serves process sets it is not a member of (it must keep driving for them)."""
-        return self.serves_outsiders
-
-    def spanning_sets(self) -> Tuple[int, ...]:
-        """Ids of the process sets that hold every rank."""
-        return self.spanning
-
     # -- entries in flight ----------------------------------------------------------------------------------------
     def entries(self, set_id: int, names: Sequence[str]) -> List[Optional[Entry]]:
         with self.lock:

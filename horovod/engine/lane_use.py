@@ -51,7 +51,7 @@ class LaneUse:
             if not seq:
                 state.drive_lock.release()
             return seq
-        lane.note([e.request for e in entries], state.spanning_sets())
+        lane.note([e.request for e in entries], state.spanning)
         return 0
 
     def settle(self, seq: int, entry: Entry) -> bool:

@@ -114,9 +114,6 @@ class SlotTable:
         self._slots: "OrderedDict[Tuple[int, str], int]" = OrderedDict()
         self._free: List[int] = list(range(capacity - 1, -1, -1))
 
-    def slot_of(self, key: Tuple[int, str]) -> Optional[int]:
-        return self._slots.get(key)
-
     def assign(self, key: Tuple[int, str]) -> int:
         """A slot for ``key``: its own, a free one, or the least recently assigned (every rank then replaces that
         slot's response when it runs the response that carries the assignment)."""

@@ -128,14 +128,6 @@ def send_frame(sock: socket.socket, payload: bytes, peer: object = None) -> None
         raise PeerError(f"sending to {peer} failed: {exc}", peer=peer) from exc
 
 
-def recv_frame(sock: socket.socket, peer: object = None, max_bytes: int = 1 << 40) -> bytes:
-    """Receive one length-prefixed frame."""
-    (n,) = _LEN.unpack(recv_exact(sock, _LEN.size, peer))
-    if n > max_bytes:
-        raise PeerError(f"{peer} announced a frame of {n} bytes (limit {max_bytes}); protocol mismatch", peer=peer)
-    return recv_exact(sock, n, peer)
-
-
 def _mac(secret: bytes, *parts: bytes) -> bytes:
     return hmac.new(secret, b"|".join(parts), hashlib.sha256).digest()
 
