@@ -1,6 +1,7 @@
 """The targets the collectives benchmark checks, as data: what is compared, against what, and the bar.
 
-``python benchmarks/collectives.py`` ends its report with one row per target (PASS, FAIL, or n/a when the run did
+``python benchmarks/collectives.py`` ends its report with one row per target of its kind of run (one host, or
+``--hosts N``: :func:`for_run`) (PASS, FAIL, or n/a when the run did
 not measure it); ``benchmarks/_collectives/verdicts.py`` evaluates each kind. Implementations are named by family
 (``engine``: ``horovod.numpy``; ``torch``: ``horovod.torch``), the run adds its primary transport (``engine-shm``).
 Change a bar here, not in the code that evaluates it.
@@ -34,6 +35,7 @@ class Target:
     floor_factor: Optional[float] = None    # latency: or within this factor of the machine's wake-up floor
     ops: Tuple[str, ...] = SWEEP_OPS        # peer_sweep: the collectives
     min_bytes: int = 8                      # peer_sweep: the smallest size held to the bar
+    hosts: int = 0                          # 0: one host (the default run); N: ``--hosts N``, one rank per host
 
 
 TARGETS: Tuple[Target, ...] = (
@@ -55,4 +57,11 @@ TARGETS: Tuple[Target, ...] = (
     Target("peer_sweep", np=4, peer="gloo", at_least=1.0),
     Target("peer_sweep", np=2, peer="openmpi", at_least=1.0, min_bytes=MIB),
     Target("peer_sweep", np=4, peer="openmpi", at_least=1.0, min_bytes=MIB),
+    # ... and across four hosts (network namespaces, one rank each, tcp): ``collectives.py --hosts 4``.
+    Target("peer_sweep", np=4, peer="gloo", at_least=1.0, hosts=4),
 )
+
+
+def for_run(hosts: int = 0) -> Tuple[Target, ...]:
+    """The targets a run checks: the single-host ones (``hosts`` 0) or those of ``--hosts N``."""
+    return tuple(t for t in TARGETS if t.hosts == hosts)

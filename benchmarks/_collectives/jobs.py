@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from benchmarks._lib import launch
 from benchmarks._lib.measure import MIB
@@ -68,10 +68,13 @@ class Runner:
                 env_note = ", ".join(x for x in (env_note, "--oversubscribe added when N > cores") if x)
             self.launches[what] = f"`{shlex.join(shown)}`" + (f" ({env_note})" if env_note else "")
 
-    def run(self, label: str, cmd: List[str], env: Dict[str, str], out: str, timeout: float) -> bool:
+    def run(self, label: str, cmd: List[str], env: Dict[str, str], out: str, timeout: float,
+            start: Optional[Callable[[], launch.JobResult]] = None) -> bool:
+        """Run one job under ``timeout`` (``start``: how, when it is not ``cmd`` in ``env`` as one process tree),
+        collect its records; False (and a failure noted) when it failed."""
         self.log(f"{label}: starting")
         t0 = time.monotonic()
-        res = launch.run_job(cmd, env, timeout)
+        res = start() if start is not None else launch.run_job(cmd, env, timeout)
         n = self._collect(out, label)
         done = any(r.get("kind") == "done" for r in self.records if r.get("job") == label)
         if not res.ok:

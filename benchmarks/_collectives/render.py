@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import statistics
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from benchmarks._collectives.cases import LABELS, LATENCY_PATTERNS, ORDER
 from benchmarks._collectives.results import Results, fmt_ratio, rep_times
 from benchmarks._collectives.verdicts import evaluate
 from benchmarks._lib.measure import MIB, bus_factor, fmt_bw, fmt_time, format_size
 from benchmarks._lib.report import table
+from benchmarks.targets import Target
 
 TITLE = "Collectives: this project vs torch.distributed (Gloo) and Open MPI"
 # The peers every ratio is taken against: each measured in jobs of its own, launched as its users launch it
@@ -17,8 +18,10 @@ PEERS = ("gloo", "openmpi")
 
 
 def render(ops: List[str], res: Results, memcpy: Dict[int, float], info: Dict[str, str], failures: List[str],
-           primary: str, title: str = TITLE, with_targets: bool = True) -> str:
-    """The whole report; ``with_targets``: end with the rows of benchmarks/targets.py."""
+           primary: str, title: str = TITLE, with_targets: bool = True,
+           targets: Optional[Sequence[Target]] = None) -> str:
+    """The whole report; ``with_targets``: end with the rows of benchmarks/targets.py (``targets``: those, default
+    the single-host run's)."""
     lines: List[str] = []
     add = lines.append
     add(f"# {title}")
@@ -205,7 +208,11 @@ def render(ops: List[str], res: Results, memcpy: Dict[int, float], info: Dict[st
         add("")
         add("## Targets")
         add("")
-        lines += table(["target", "measured", "required", "result"], evaluate(res, primary), "llll")
+        rows = evaluate(res, primary, targets)
+        if rows:
+            lines += table(["target", "measured", "required", "result"], rows, "llll")
+        else:
+            add("None for this kind of run (benchmarks/targets.py).")
     return "\n".join(lines) + "\n"
 
 

@@ -1,12 +1,12 @@
 """The targets of ``benchmarks/targets.py`` held against a run's results: one table row each."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from benchmarks._collectives.cases import LABELS
 from benchmarks._collectives.results import Results, fmt_ratio, paired_ratio
 from benchmarks._lib.measure import fmt_time, format_size
-from benchmarks.targets import TARGETS, Target
+from benchmarks.targets import Target, for_run
 
 Row = List[str]
 
@@ -94,7 +94,8 @@ def _peer_sweep(t: Target, res: Results, primary: str) -> List[Row]:
             r = paired_ratio(a, b) if a and b else None
             if r:
                 ratios.append((r[0], 8, fmt_ratio(r)))
-        what = (f"{op} np={t.np}, every size from {format_size(t.min_bytes)}: {LABELS[ours]} ÷ "
+        where = f" across {t.hosts} hosts" if t.hosts else ""
+        what = (f"{op} np={t.np}{where}, every size from {format_size(t.min_bytes)}: {LABELS[ours]} ÷ "
                 f"{LABELS.get(peer, peer)} speed")
         bar = f"≥ {need:g}× at every size"
         if not ratios:
@@ -111,9 +112,10 @@ EVALUATORS: Dict[str, Callable[[Target, Results, str], List[Row]]] = {
     "peer_sweep": _peer_sweep}
 
 
-def evaluate(res: Results, primary: str, targets: Sequence[Target] = TARGETS) -> List[Row]:
-    """``[target, measured, required, PASS/FAIL/n/a]`` for every target, in the order of ``targets``."""
+def evaluate(res: Results, primary: str, targets: Optional[Sequence[Target]] = None) -> List[Row]:
+    """``[target, measured, required, PASS/FAIL/n/a]`` for every target, in the order of ``targets`` (default: the
+    single-host run's, :func:`benchmarks.targets.for_run`)."""
     rows: List[Row] = []
-    for t in targets:
+    for t in for_run() if targets is None else targets:
         rows += EVALUATORS[t.kind](t, res, primary)
     return rows

@@ -90,6 +90,7 @@ def _raw_transport(name: str, cfg, rank: int, size: int, timeout: float, options
     """A transport of the given kind on the job's rendezvous, in its own scope (beside the engine's, or alone)."""
     from horovod.transport.base import Bootstrap
     from horovod.transport.rendezvous import RendezvousClient
+    from horovod.transport.sockets import local_address_for
 
     if name == "mpi":
         from mpi4py import MPI
@@ -104,7 +105,9 @@ def _raw_transport(name: str, cfg, rank: int, size: int, timeout: float, options
         from horovod.transport.shm import create_shm as factory
     store = RendezvousClient(topo.rendezvous_addr, topo.rendezvous_port, topo.secret, timeout=timeout)
     boot = Bootstrap(rank, size, local_rank=topo.local_rank, local_size=topo.local_size, hostname=topo.hostname,
-                     store=store, secret=topo.secret, bind_addr="127.0.0.1", timeout=timeout,
+                     # the engine's rule: loopback on one host, else the address that routes to the rendezvous
+                     store=store, secret=topo.secret, bind_addr=local_address_for(topo.rendezvous_addr or ""),
+                     timeout=timeout,
                      scope=f"bench-raw-{name}",
                      # the options the engine gives its own transport, so raw and engine run the same algorithms
                      options={"small_message_bytes": cfg.small_message_bytes, **(options or {})})

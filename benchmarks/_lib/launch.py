@@ -65,6 +65,16 @@ def torchrun_cmd(np_: int, argv: Sequence[str]) -> List[str]:
     return [*head, "--standalone", "--nproc-per-node", str(np_), *argv]
 
 
+def torchrun_nodes_cmd(nnodes: int, endpoint: str, rdzv_id: str, argv: Sequence[str]) -> List[str]:
+    """``torchrun --nnodes N --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID <script>
+    <args>``: the command torch.distributed's users start on every node of a multi-node job (one rank per node;
+    the node that ``endpoint`` names hosts the c10d store). The same executable as :func:`torchrun_cmd`."""
+    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    head = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "torch.distributed.run"]
+    return [*head, "--nnodes", str(nnodes), "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            endpoint, "--rdzv-id", rdzv_id, *argv]
+
+
 def torchrun_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """Environment for a ``torchrun`` job as a user's shell would give it: no ``HOROVOD_*`` variables (nothing of
     this project's launcher: no core binding) and no ``OMP_NUM_THREADS`` from the driver, so torchrun applies its
@@ -99,20 +109,23 @@ def worker_placement() -> Dict[str, object]:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = list(range(os.cpu_count() or 1))
-    return {"cpus_allowed": cpus, "cpu_count": os.cpu_count() or 1,
+    return {"host": socket.gethostname(), "cpus_allowed": cpus, "cpu_count": os.cpu_count() or 1,
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "HOROVOD_BIND_CORES": os.environ.get(
                 "HOROVOD_BIND_CORES")}
 
 
 def describe_placement(records: Sequence[Mapping[str, object]]) -> str:
-    """One line from the placement records of a job's ranks: ``rank 0: CPUs [0] of 2, OMP_NUM_THREADS=1; ...``."""
+    """One line from the placement records of a job's ranks: ``rank 0: CPUs [0] of 2, OMP_NUM_THREADS=1; ...``
+    (``rank 0 on hostA: ...`` when the ranks ran on more than one host)."""
     parts = []
+    several = len({r.get("host") for r in records}) > 1
     for r in sorted(records, key=lambda r: int(str(r.get("rank", 0)))):
         cpus = r.get("cpus_allowed") or []
         extra = "".join(f", {k}={r[k]}" for k in ("OMP_NUM_THREADS", "torch_threads", "tf_threads",
                                                   "HOROVOD_BIND_CORES")
                         if r.get(k) is not None)
-        parts.append(f"rank {r.get('rank')}: CPUs {cpus} of {r.get('cpu_count')}{extra}")
+        where = f" on {r.get('host')}" if several else ""
+        parts.append(f"rank {r.get('rank')}{where}: CPUs {cpus} of {r.get('cpu_count')}{extra}")
     return "; ".join(parts) or "not recorded"
 
 
@@ -181,13 +194,21 @@ def run_workers(cmd: Sequence[str], envs: Sequence[Mapping[str, str]], timeout: 
     collective for the failed one would otherwise hold the job until the timeout).  The result's output is every
     worker's, in worker order, each under a ``--- worker i ---`` line; its return code is the first failure's.
     """
+    return run_commands([cmd] * len(envs), envs, timeout, grace, cwd)
+
+
+def run_commands(cmds: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], timeout: float,
+                 grace: float = 20.0, cwd: Optional[str] = None) -> JobResult:
+    """:func:`run_workers` with a command of its own per worker (``cmds[i]`` in ``envs[i]``): e.g. one ``ssh`` per
+    host, each starting that host's ``torchrun``.  The result's command is the first worker's."""
     procs: List[subprocess.Popen] = []
     files = []
+    cmd = list(cmds[0]) if cmds else []
     try:
-        for env in envs:
+        for one, env in zip(cmds, envs):
             out, err = tempfile.TemporaryFile("w+", errors="replace"), tempfile.TemporaryFile("w+", errors="replace")
             files.append((out, err))
-            procs.append(subprocess.Popen(list(cmd), env=dict(env), cwd=cwd or REPO, stdout=out, stderr=err,
+            procs.append(subprocess.Popen(list(one), env=dict(env), cwd=cwd or REPO, stdout=out, stderr=err,
                                           text=True, start_new_session=True))
         deadline = time.monotonic() + timeout
         timed_out = False

@@ -136,18 +136,25 @@ class NetnsCluster:
 
     Args:
         workdir: a private directory for keys, configs and logs.
+        hosts: None for the layout above; a number N (1..8) for hostA, hostB, ... (10.200.0.2, .3, ...), every
+            one with its sshd (``benchmarks/collectives.py --hosts N``).
     """
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, hosts: Optional[int] = None):
         self.dir = Path(workdir)
         self.prefix = f"{PREFIX}{os.getpid()}"
         self.driver_ns = self.prefix + "d"
         self.driver_addr = f"{SUBNET}.1"
+        if hosts is None:   # the tests' layout: two hosts with sshd, hostC without
+            layout = [("hostA", True), ("hostB", True), ("hostC", False)]
+        elif 1 <= hosts <= 8:   # ``hosts`` hosts, every one with sshd (the benchmarks' layout)
+            layout = [(f"host{chr(ord('A') + i)}", True) for i in range(hosts)]
+        else:
+            raise ValueError(f"hosts={hosts}: expected 1 to 8")
+        # namespace names: the prefix and one letter ("d" is the driver's)
         self.hosts: Dict[str, FakeHost] = {
-            "hostA": FakeHost("hostA", self.prefix + "a", f"{SUBNET}.2", sshd=True),
-            "hostB": FakeHost("hostB", self.prefix + "b", f"{SUBNET}.3", sshd=True),
-            "hostC": FakeHost("hostC", self.prefix + "c", f"{SUBNET}.4", sshd=False),
-        }
+            name: FakeHost(name, self.prefix + "abcefghi"[i], f"{SUBNET}.{2 + i}", sshd=sshd)
+            for i, (name, sshd) in enumerate(layout)}
         self.unreachable = ("hostZ", f"{SUBNET}.99")
         self.key = self.dir / "id_ed25519"
         self.bin = self.dir / "bin"
