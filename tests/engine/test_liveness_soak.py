@@ -95,13 +95,13 @@ def _check(results) -> None:
     assert max(digests) - min(digests) <= 1e-3 * max(1.0, abs(digests[0])), f"weights diverged: {digests}"
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [3])   # (2 as well until session 10: ~45 s of CI that never failed alone)
 def test_tensorflow_training_never_reports_a_live_peer_dead(np_):
     pytest.importorskip("tensorflow")
     _check(run(tf_worker, np_, "shm", args=(SECONDS,), env=ENV, timeout=600))
 
 
-@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("np_", [4])   # oversubscribed 2:1, the harshest (2 as well until session 10)
 def test_torch_training_never_reports_a_live_peer_dead(np_):
     pytest.importorskip("torch")
     _check(run(torch_worker, np_, "shm", args=(SECONDS,), env=ENV, timeout=600))
