@@ -17,8 +17,10 @@ CORE = ("transport", "engine", "common")
 TIGHTER = {"horovod/engine/runtime.py": 300}
 # The core layers together. Every engine feature costs lines here; raise the budget deliberately, in the commit
 # that needs it, saying why. Session 9 ended at 15,742 (typed and checked knobs, the GPU watchdog, liveness that
-# counts every byte, abandoned elastic epochs).
-CORE_BUDGET = 16000
+# counts every byte, abandoned elastic epochs). Session 10 raised it by 100 for the fast lane carrying every kind
+# of collective, on the board up to 256 KiB and agreed there for the data plane above (issue 35), after taking
+# out the dead code it found.
+CORE_BUDGET = 16100
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {

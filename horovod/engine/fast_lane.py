@@ -108,14 +108,7 @@ class FastLane:
     def on_board(self, req: Request, tensor: Any) -> bool:
         """Whether the data travels on the board (at most HOROVOD_FAST_LANE_BYTES with an alltoall's splits);
         otherwise the lane only agrees, and the data plane carries the data."""
-        return tensor.nbytes + self._header(req, True) <= self.limit
-
-    def _header(self, req: Request, on_board: bool) -> int:
-        """Bytes an entry carries before (or instead of) the tensor's: what each rank needs of the others' shapes
-        (an alltoall's splits, an allgather's rows when the data plane carries them)."""
-        if req.kind == ops.ALLTOALL:
-            return 8 * self.size
-        return 8 if req.kind == ops.ALLGATHER and not on_board else 0
+        return tensor.nbytes + (8 * self.size if req.kind == ops.ALLTOALL else 0) <= self.limit
 
     def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
         """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no
@@ -134,17 +127,15 @@ class FastLane:
         """Post ``req`` as a fast entry and return its lane number; 0 when the board cannot take one right now
         (then it is posted as slow).  ``on_board``: with ``tensor``'s bytes (a broadcast's non-root ranks post
         none), else with only what the others need to run it on the data plane."""
-        header = self._header(req, on_board)
+        # What each rank needs of the others' shapes travels first (or alone): an alltoall's splits, and an
+        # allgather's rows when the data plane carries them.
         if not on_board:
-            payload = np.empty(header // 8, np.int64)
-            if req.kind == ops.ALLGATHER:
-                payload[0] = req.shape[0]
-            elif req.kind == ops.ALLTOALL:
-                payload[:] = req.splits or ()
-            tensor = payload
+            tensor = np.array(req.splits if req.kind == ops.ALLTOALL else
+                              req.shape[:1] if req.kind == ops.ALLGATHER else (), np.int64)
         elif req.kind == ops.BROADCAST and req.root != req.rank:
             tensor = tensor.reshape(-1)[:0]
-        elif header:   # an alltoall: the rows this rank sends each rank, then the rows
+        elif req.kind == ops.ALLTOALL:   # the rows this rank sends each rank, then the rows
+            header = 8 * self.size
             framed = np.empty(header + tensor.nbytes, np.uint8)
             framed[:header].view(np.int64)[:] = req.splits or ()
             framed[header:] = tensor.reshape(-1).view(np.uint8)

@@ -26,6 +26,7 @@ costs one :data:`RECHECK_S` re-check, never a hang.
 from __future__ import annotations
 
 import functools
+import time
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -163,20 +164,30 @@ class ShmLane:
 
     # -- waiting ---------------------------------------------------------------------------------------------
 
-    def _arrived(self, seq: int) -> bool:
-        """Whether every rank's entry ``seq`` is in (:meth:`missing` without building a list: a spinning rank asks
-        this over and over)."""
-        fields = self._fields
-        for q in self._peers:
-            if fields[q][POSTED] < seq and not fields[q][CLOSED]:
+    def _arrived(self, seq: int, spin_until: float = 0.0) -> bool:
+        """Whether every rank's entry ``seq`` is in (:meth:`missing` without building a list); with ``spin_until``
+        (a ``perf_counter`` time) re-reads the board until then, in this one call (a spin costs no calls per
+        look)."""
+        fields, peers, looks = self._fields, self._peers, 0
+        while True:
+            for q in peers:
+                if fields[q][POSTED] < seq and not fields[q][CLOSED]:
+                    break
+            else:
+                return True
+            looks += 1
+            if not spin_until or (not looks & 31 and time.perf_counter() > spin_until):
                 return False
-        return True
 
     def _await(self, seq: int, timeout: float) -> List[int]:
         """Spin, then sleep until every rank's entry ``seq`` is in; the ranks still missing after ``timeout``
         seconds."""
-        if self._spinner.spin(functools.partial(self._arrived, seq)):
-            return []
+        end = self._spinner.start()
+        if end is not None:
+            arrived = self._arrived(seq, end)
+            self._spinner.finish(arrived)
+            if arrived:
+                return []
         pending = functools.partial(self.missing, seq)
         own = self._own
         assert own is not None, "fast lane used after release()"

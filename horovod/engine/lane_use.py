@@ -33,6 +33,7 @@ class LaneUse:
         self.lane = lane
         self.driver = driver
         self.outbox = outbox
+        self.on_board = True   # where the data of the proposal out travels (see post)
 
     def post(self, entries: List[Entry], attended: bool) -> int:
         """Under the state's lock: propose a lone blocking allreduce small enough for the lane (returns its lane
@@ -47,7 +48,9 @@ class LaneUse:
                 and state.every_set_spans
                 and state.drive_lock.acquire(blocking=False)):
             entry = entries[0]   # eligible: a host array
-            seq = lane.propose(entry.request, entry.tensor, lane.on_board(entry.request, entry.tensor))
+            # Kept for settle(): the proposer holds the drive lock until then, so one proposal is out at a time.
+            self.on_board = lane.on_board(entry.request, entry.tensor)
+            seq = lane.propose(entry.request, entry.tensor, self.on_board)
             if not seq:
                 state.drive_lock.release()
             return seq
@@ -59,7 +62,7 @@ class LaneUse:
         (carried out here, or failed with the engine), False when it goes to the coordinator."""
         req = entry.request
         state, lane, driver = self.state, self.lane, self.driver
-        on_board = lane.on_board(req, entry.tensor)
+        on_board = self.on_board
         housekeeping = lambda: driver.guarded_step(0.0)   # noqa: E731
         try:
             plan: Optional[Response] = None

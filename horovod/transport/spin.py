@@ -38,19 +38,30 @@ class Spinner:
 
     def spin(self, check: Callable[[], T]) -> Optional[T]:
         """The first truthy result of ``check()`` within the budget, else ``None`` (then block)."""
+        end = self.start()
+        if end is None:
+            return None
+        while True:
+            result = check()
+            if result:
+                self.finish(True)
+                return result
+            if time.perf_counter() > end:
+                self.finish(False)
+                return None
+
+    def start(self) -> Optional[float]:
+        """For a caller that spins with its own loop: the ``perf_counter`` deadline of this spin, or ``None`` when
+        this wait should not spin (no budget, or backing off); report how it went with :meth:`finish`."""
         if not self.budget_s:
             return None
         if self._skip:
             self._skip -= 1
             return None
-        end = time.perf_counter() + self.budget_s
-        while True:
-            result = check()
-            if result:
-                self._backoff = 0
-                return result
-            if time.perf_counter() > end:
-                break
-        # The peer was not about to answer (it is busy or descheduled): spin less often for a while.
-        self._backoff = self._skip = min(_BACKOFF_MAX, 2 * self._backoff or 1)
-        return None
+        return time.perf_counter() + self.budget_s
+
+    def finish(self, found: bool) -> None:
+        """A spin ended; one that found nothing means the peer was not about to answer (it is busy or
+        descheduled): spin less often for a while."""
+        self._backoff = 0 if found else min(_BACKOFF_MAX, 2 * self._backoff or 1)
+        self._skip = self._backoff
