@@ -183,11 +183,7 @@ def reduce_payloads(requests: Sequence[Request], data: Sequence[Optional[Union[b
     if joined:
         # Joined ranks contribute zeros, exactly as the executor stages them on the transport path.
         reduce_into(total, np.zeros_like(total), op)
-    # ops.finish_reduction's steps, spelt out: this runs on every small collective's hot path
-    if first.postscale != 1.0:
-        ops.scale_inplace(total, first.postscale)
-    if first.op == ops.Average:
-        ops.divide_inplace(total, set_size)
+    ops.finish_reduction(total, first.op, first.postscale, set_size)
     if first.dtype == ops.BFLOAT16:
         out = np.empty(total.size, dtype=np.uint16)
         ops.f32_to_bf16(total, out)

@@ -139,10 +139,12 @@ def finisher(op: int, postscale: float, set_size: int) -> Optional[Finish]:
 
 
 def finish_reduction(buf: np.ndarray, op: int, postscale: float, set_size: int) -> None:
-    """After the reduction: the postscale factor, then Average's division by the set size."""
-    finish = finisher(op, postscale, set_size)
-    if finish is not None:
-        finish(buf)
+    """After the reduction: the postscale factor, then Average's division by the set size (what :class:`Finish`
+    does, without building one: small reductions call this on every collective)."""
+    if postscale != 1.0:
+        scale_inplace(buf, postscale)
+    if op == Average:
+        divide_inplace(buf, set_size)
 
 
 def scale_inplace(buf: np.ndarray, factor: float) -> None:
