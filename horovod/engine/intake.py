@@ -51,7 +51,7 @@ class Intake:
         state = self.state
         if os.getpid() != state.pid:
             raise forked_error()
-        lane_seq = 0
+        lane_seq, on_board = 0, False
         with state.lock:
             if state.dead is not None:
                 raise type(state.dead)(str(state.dead))
@@ -63,12 +63,12 @@ class Intake:
                 for req in direct:
                     req.blocking = True
             if self.lane_use is not None:
-                lane_seq = self.lane_use.post(entries, attended)
+                lane_seq, on_board = self.lane_use.post(entries, attended)
             for key, entry in zip(keys, entries):
                 state.inflight[key] = entry
                 entry.handle.driver = self.driver.drive
             state.recorder.enqueued(direct)   # [hang doctor]
-        if lane_seq and self.lane_use is not None and self.lane_use.settle(lane_seq, entries[0]):
+        if lane_seq and self.lane_use is not None and self.lane_use.settle(lane_seq, entries[0], on_board):
             return
         if state.size == 1:
             self.run_alone(direct)

@@ -33,11 +33,11 @@ class LaneUse:
         self.lane = lane
         self.driver = driver
         self.outbox = outbox
-        self.on_board = True   # where the data of the proposal out travels (see post)
 
-    def post(self, entries: List[Entry], attended: bool) -> int:
-        """Under the state's lock: propose a lone blocking allreduce small enough for the lane (returns its lane
-        number, holding the drive lock), or post slow entries for the requests (returns 0)."""
+    def post(self, entries: List[Entry], attended: bool) -> Tuple[int, bool]:
+        """Under the state's lock: propose a lone blocking collective on the lane (returns its lane number, holding
+        the drive lock, and whether its data travels on the board: both for :meth:`settle`), or post slow entries
+        for the requests (returns ``(0, False)``)."""
         state, lane = self.state, self.lane
         if (attended and len(entries) == 1 and not state.inflight and not self.outbox
                 and not self.driver.holding() and lane.eligible(entries[0].request, entries[0].tensor)
@@ -48,21 +48,20 @@ class LaneUse:
                 and state.every_set_spans
                 and state.drive_lock.acquire(blocking=False)):
             entry = entries[0]   # eligible: a host array
-            # Kept for settle(): the proposer holds the drive lock until then, so one proposal is out at a time.
-            self.on_board = lane.on_board(entry.request, entry.tensor)
-            seq = lane.propose(entry.request, entry.tensor, self.on_board)
+            on_board = lane.on_board(entry.request, entry.tensor)
+            seq = lane.propose(entry.request, entry.tensor, on_board)
             if not seq:
                 state.drive_lock.release()
-            return seq
+            return seq, on_board
         lane.note([e.request for e in entries], state.spanning)
-        return 0
+        return 0, False
 
-    def settle(self, seq: int, entry: Entry) -> bool:
-        """Decide lane number ``seq`` (holding the drive lock); True when the entry's handle is done with it
-        (carried out here, or failed with the engine), False when it goes to the coordinator."""
+    def settle(self, seq: int, entry: Entry, on_board: bool) -> bool:
+        """Decide lane number ``seq`` (holding the drive lock; ``on_board`` as :meth:`post` said); True when the
+        entry's handle is done with it (carried out here, or failed with the engine), False when it goes to the
+        coordinator."""
         req = entry.request
         state, lane, driver = self.state, self.lane, self.driver
-        on_board = self.on_board
         housekeeping = lambda: driver.guarded_step(0.0)   # noqa: E731
         try:
             plan: Optional[Response] = None
