@@ -1,19 +1,21 @@
 """The engine's agreement boards and where each comes from.
 
-Boards are how ranks agree without the coordinator: the fast lane (:mod:`horovod.engine.lane_board`, tiny
-blocking allreduces on one host) and the warm path's round board (:mod:`horovod.engine.shm_round_board` on one
-host, :mod:`horovod.engine.tcp_round_board` across hosts). They belong to the engine; the transports only lend
+Boards are how ranks agree without the coordinator: the fast lane's (lone blocking collectives:
+:mod:`horovod.engine.lane_board` on one host, :mod:`horovod.engine.tcp_lane` across hosts and on the tcp and mpi
+transports) and the warm path's round board (:mod:`horovod.engine.shm_round_board` on one host,
+:mod:`horovod.engine.tcp_round_board` across hosts). They belong to the engine; the transports only lend
 them primitives: the shm world group's spare segment space and wake-ups, and authenticated TCP connections.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Protocol
+from typing import List, Optional, Protocol, Tuple
 
 import numpy as np
 
 from horovod.engine.config import Config
 from horovod.engine.lane_board import ShmLane
 from horovod.engine.shm_round_board import ShmRoundBoard
+from horovod.engine.tcp_lane import connect_tcp_lane
 from horovod.engine.tcp_round_board import connect_round_board
 from horovod.engine.timeline import Timeline
 from horovod.transport.base import MIN, Bootstrap, Transport
@@ -59,13 +61,60 @@ class RoundBoard(Protocol):
         """Stop taking part."""
 
 
-def lane_board(world: Transport, spin_us: float) -> Optional[ShmLane]:
-    """The fast lane's board in the shm world group's segments; None on any other transport."""
-    if not isinstance(world, ShmGroup) or not world.world_ready:
+class LaneBoard(Protocol):
+    """Where every rank posts one entry per collective on the world, fast (a digest and a payload) or slow, and
+    reads entry ``s`` of every rank (the fast lane, :mod:`horovod.engine.fast_lane`):
+    :class:`~horovod.engine.lane_board.ShmLane` on one host, :class:`~horovod.engine.tcp_lane.TcpLane` over TCP."""
+
+    #: The most payload bytes one entry may carry.
+    capacity: int
+
+    @property
+    def closed(self) -> bool:
+        """Whether some rank closed its lane (no entry can be fast any more)."""
+
+    @property
+    def fds(self) -> List[int]:
+        """Descriptors the engine's selector watches (call :meth:`drain` when one is readable)."""
+
+    def drain(self, fd: int) -> None:
+        """Take in what woke ``fd``."""
+
+    def post_slow(self, count: int = 1) -> None:
+        """Post ``count`` slow entries."""
+
+    def post_fast(self, digest: int, payload: np.ndarray) -> int:
+        """Post a fast entry; its number, or 0 when the board cannot take one now (post it slow then)."""
+
+    def decide(self, seq: int, timeout: float) -> Tuple[bool, Optional[List[memoryview]]]:
+        """Wait up to ``timeout`` for entry ``seq``: (decided, every rank's payload when fast, else None)."""
+
+    def done_reading(self) -> None:
+        """The caller has read the payloads :meth:`decide` returned."""
+
+    def missing(self, seq: int) -> List[int]:
+        """Ranks this rank still waits for, for entry ``seq``."""
+
+    def close(self, abandon: bool = False) -> None:
+        """Post no more entries (every later one counts as slow; with ``abandon``, this rank's undecided proposal
+        too: the engine is ending)."""
+
+    def release(self) -> None:
+        """Let go of what the board holds (connections, views of shared memory)."""
+
+
+def lane_board(config: Config, world: Transport, boot: Bootstrap, spin_us: float) -> Optional[LaneBoard]:
+    """The fast lane's board: in the shm world group's segments, else over TCP among every rank's log2(size)
+    partners when every rank has the lane on (collective: every rank builds it, or none)."""
+    if isinstance(world, ShmGroup) and world.world_ready:
+        board = ShmLane(world, spin_us)
+        world.attach(board)
+        return board
+    if boot.size < 2:
         return None
-    board = ShmLane(world, spin_us)
-    world.attach(board)
-    return board
+    wants = np.array([int(config.fast_lane)], dtype=np.int32)
+    world.allreduce(wants, MIN)
+    return connect_tcp_lane(boot) if wants[0] else None
 
 
 def round_board(config: Config, world: Transport, boot: Bootstrap) -> Optional[RoundBoard]:

@@ -22,6 +22,7 @@ from horovod.engine.job import JobLinks
 from horovod.engine.runtime import Runtime
 from horovod.transport import sockets
 from horovod.transport.cpus import bind_process
+from horovod.transport.spin import default_budget_us
 from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport, TransportOptions
 
 logger = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ def _start(config: Config, process_sets: Sequence[Sequence[int]] = (), generatio
         raise
     try:
         board = boards.round_board(config, world, boot)
+        lane = boards.lane_board(config, world, boot, default_budget_us(topo.local_size, config.spin_us))
     except Exception:
         world.close()
         control.close()
@@ -202,7 +204,7 @@ def _start(config: Config, process_sets: Sequence[Sequence[int]] = (), generatio
     logger.debug("rank %d: transport %s ready", rank, name)
     job = JobLinks(store=store, epoch=epoch, rendezvous_server=rendezvous_server, mpi_comm=mpi_comm)
     return Runtime(config, rank, size, world, control, process_sets, job, transport_name=name,
-                   round_board=board).start()
+                   round_board=board, lane_board=lane).start()
 
 
 def _mpi_bind_address(comm, one_host: bool, iface: str) -> str:

@@ -67,6 +67,8 @@ class Driver:
             selector.register(sock, selectors.EVENT_READ, peer)
         for fd in state.warm.board.fds if state.warm is not None else ():
             selector.register(fd, selectors.EVENT_READ, "board")
+        for fd in state.lane.board.fds if state.lane is not None else ():
+            selector.register(fd, selectors.EVENT_READ, "lane")   # partners waiting for this rank's entries
         self._park = threading.Condition(threading.Lock())
         self._background_wanted = False
         self.thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
@@ -274,6 +276,9 @@ class Driver:
             if key.data == "board":
                 if warm is not None:
                     warm.board.drain(key.fd)
+            elif key.data == "lane":
+                if state.lane is not None:
+                    state.lane.board.drain(key.fd)
             elif key.data is None:
                 state.wakeup.drain()
             else:

@@ -38,7 +38,6 @@ import numpy as np
 
 from horovod.engine import ops
 from horovod.engine.errors import STALL_WARNING
-from horovod.engine.lane_board import ShmLane
 from horovod.engine.messages import Request
 
 logger = logging.getLogger(__name__)
@@ -63,7 +62,8 @@ class FastLane:
     """This rank's use of the fast-lane board.
 
     Args:
-        board: the board in the shm world group's segments (:class:`horovod.engine.lane_board.ShmLane`).
+        board: the board (:class:`horovod.engine.lane_board.ShmLane` in the shm world group's segments, or
+            :class:`horovod.engine.tcp_lane.TcpLane` over TCP; :class:`horovod.engine.boards.LaneBoard`).
         size: ranks in the job (the global process set).
         stall_warning_s: seconds of waiting before a warning names the ranks that have not arrived (0: never).
         stall_shutdown_s: seconds of waiting after which the engine fails with a StallError (0: never).
@@ -82,7 +82,7 @@ class FastLane:
         self.on_stall: Optional[Callable[[], None]] = None   # [hang doctor] called with the stall warning
 
     @classmethod
-    def open(cls, board: Optional[ShmLane], config, size: int) -> Optional["FastLane"]:
+    def open(cls, board: Optional[Any], config, size: int) -> Optional["FastLane"]:
         """The lane of this engine over ``board``, or None when there is no board or the lane is turned off here
         (then this rank closes its board, so that the others never wait for its entries)."""
         if size < 2 or board is None:
@@ -162,7 +162,12 @@ class FastLane:
             self.board.close()
 
     def close(self) -> None:
-        self.board.close()
+        """The engine is ending: no more entries, and a proposal of this rank still undecided counts as slow."""
+        self.board.close(abandon=True)
+
+    def release(self) -> None:
+        """Let go of the board (its connections, or its views of the segments) when the engine closes."""
+        self.board.release()
 
     # -- deciding (holding the engine's drive lock) ------------------------------------------------------------
 

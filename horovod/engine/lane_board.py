@@ -65,6 +65,11 @@ class ShmLane:
         self._proposals = 0   # fast entries posted so far (their record alternates)
         self._reading = 0     # the fast entry this rank has out and still has to read the others' for
         self.capacity = LANE_PAYLOAD_BYTES
+        # Peers wake this rank through the group's descriptor, which the engine's selector does not watch.
+        self.fds: List[int] = []
+
+    def drain(self, fd: int) -> None:
+        """Nothing to take in: the board is shared memory."""
 
     @property
     def closed(self) -> bool:
@@ -148,9 +153,10 @@ class ShmLane:
         fields = self._fields
         return [q for q in self._peers if fields[q][POSTED] < seq and not fields[q][CLOSED]]
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         """Post no more entries: every later entry of this rank counts as slow (at shutdown, at join, and when the
-        lane is off on this rank)."""
+        lane is off on this rank). ``abandon`` changes nothing here: the others see the board closed before they
+        propose again."""
         if self._own is None:
             return
         self._own[CLOSED] = 1

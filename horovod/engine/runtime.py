@@ -21,9 +21,9 @@ import logging
 import os
 from typing import Dict, List, Optional, Sequence
 
-from horovod.engine import boards, flight_dump
+from horovod.engine import flight_dump
 from horovod.engine.autotune import Autotuner
-from horovod.engine.boards import RoundBoard
+from horovod.engine.boards import LaneBoard, RoundBoard
 from horovod.engine.cache import CoordinatorCache, RequestCache
 from horovod.engine.config import Config
 from horovod.engine.controller import ControlPlane
@@ -64,16 +64,18 @@ class Runtime:
         job: the store, elastic epoch, rendezvous server and MPI communicator of the job, when there are.
         transport_name: the transport's registered name (default: the world transport's own).
         round_board: the warm path's board (:func:`horovod.engine.boards.round_board`), if any.
+        lane_board: the fast lane's board (:func:`horovod.engine.boards.lane_board`), if any.
     """
 
     def __init__(self, config: Config, rank: int, size: int, world: Transport, control: ControlPlane,
                  static_sets: Sequence[Sequence[int]] = (), job: JobLinks = NO_JOB,
-                 transport_name: Optional[str] = None, round_board: Optional[RoundBoard] = None):
+                 transport_name: Optional[str] = None, round_board: Optional[RoundBoard] = None,
+                 lane_board: Optional[LaneBoard] = None):
         sets: Dict[int, ProcessSetInfo] = {0: ProcessSetInfo(0, range(size), world)}
         executor = Executor(rank, {0: sets[0].ranks}, lambda set_id: state.transport_for(set_id), config)
         timeline = Timeline.create(config, rank, world.name)
         spinner = Spinner(default_budget_us(config.topology.local_size, config.spin_us))
-        lane = FastLane.open(boards.lane_board(world, spinner.budget_s * 1e6), config, size)
+        lane = FastLane.open(lane_board, config, size)
         warm = WarmPath.open(round_board, config, size, control, timeline.enabled, rank == 0)
         state = self.state = EngineState(
             config=config, rank=rank, size=size, transport_name=transport_name or world.name, world=world,

@@ -113,6 +113,8 @@ class Teardown:
             return
         self.state.closed = True
         self.close_lane()
+        if self.state.lane is not None:
+            self.state.lane.release()
         self.state.liveness.stop()
         if self.state.autotuner is not None:
             self.state.autotuner.close()

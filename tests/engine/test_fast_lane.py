@@ -1,7 +1,10 @@
-"""The fast lane (horovod/engine/fast_lane.py): tiny blocking allreduces decided through shared memory.
+"""The fast lane (horovod/engine/fast_lane.py): lone blocking collectives agreed on by the ranks themselves, on a
+board in shared memory (the shm transport) or over TCP among log2(size) partners (the tcp transport, and across
+hosts: horovod/engine/tcp_lane.py).
 
-Every check compares with numpy on real processes over the shm transport, and reads how many proposals the lane
-decided fast, so that a lane that silently never engages (or engages where it must not) fails.
+Every check compares with numpy on real processes, and reads how many proposals the lane decided fast, so that a
+lane that silently never engages (or engages where it must not) fails. np = 3 over TCP has a rank past the largest
+power of two, which reaches the others through a proxy.
 """
 from __future__ import annotations
 
@@ -108,11 +111,15 @@ def results_worker(scenario: str) -> dict:
     return {"checks": checks.report(), "lane": counts, "off": os.environ.get("HOROVOD_FAST_LANE")}
 
 
-@pytest.mark.parametrize("np_", [2, 3, 4])
-def test_fast_lane_results_match_numpy_and_engage(np_):
-    if transport_skip_reason("shm"):
-        pytest.skip(transport_skip_reason("shm"))
-    results = run(results_worker, np_, "shm", args=("plain",), timeout=300)
+def _skip_without(transport: str) -> None:
+    if transport_skip_reason(transport):
+        pytest.skip(transport_skip_reason(transport))
+
+
+@pytest.mark.parametrize("transport,np_", [("shm", 2), ("shm", 3), ("shm", 4), ("tcp", 2), ("tcp", 3), ("tcp", 4)])
+def test_fast_lane_results_match_numpy_and_engage(transport, np_):
+    _skip_without(transport)
+    results = run(results_worker, np_, transport, args=("plain",), timeout=300)
     assert_no_failures([r["checks"] for r in results])
     for rank, r in enumerate(results):
         fast, slow = r["lane"]
@@ -124,18 +131,16 @@ def test_fast_lane_results_match_numpy_and_engage(np_):
 
 
 @pytest.mark.parametrize("scenario", ["mixed", "threads", "join", "subset"])
-@pytest.mark.parametrize("np_", [2, 3])
-def test_fast_lane_with_other_work(scenario, np_):
-    if transport_skip_reason("shm"):
-        pytest.skip(transport_skip_reason("shm"))
-    results = run(results_worker, np_, "shm", args=(scenario,), timeout=300,
+@pytest.mark.parametrize("transport,np_", [("shm", 2), ("shm", 3), ("tcp", 3)])
+def test_fast_lane_with_other_work(scenario, transport, np_):
+    _skip_without(transport)
+    results = run(results_worker, np_, transport, args=(scenario,), timeout=300,
                   env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     assert_no_failures([r["checks"] for r in results])
 
 
 def test_fast_lane_off_on_one_rank_decides_everything_slow():
-    if transport_skip_reason("shm"):
-        pytest.skip(transport_skip_reason("shm"))
+    _skip_without("shm")
     results = run(results_worker, 3, "shm", args=("plain",), timeout=300,
                   rank_env_overrides={1: {"HOROVOD_FAST_LANE": "0"}})
     assert_no_failures([r["checks"] for r in results])
@@ -143,6 +148,14 @@ def test_fast_lane_off_on_one_rank_decides_everything_slow():
     for rank in (0, 2):
         fast, slow = results[rank]["lane"]
         assert fast == 0, (rank, results[rank]["lane"])   # its closed board keeps everyone off the lane
+
+
+def test_fast_lane_off_on_one_rank_over_tcp_is_off_everywhere():
+    """Over TCP the ranks agree at init whether to connect the lane at all: one rank without it means none."""
+    results = run(results_worker, 3, "tcp", args=("plain",), timeout=300,
+                  rank_env_overrides={1: {"HOROVOD_FAST_LANE": "0"}})
+    assert_no_failures([r["checks"] for r in results])
+    assert all(r["lane"] is None for r in results), [r["lane"] for r in results]
 
 
 def sizes_worker() -> dict:
@@ -171,14 +184,13 @@ def sizes_worker() -> dict:
     return {"checks": checks.report(), "decided": decided, "limit": limit}
 
 
-@pytest.mark.parametrize("np_", [2, 4])
-def test_fast_lane_takes_allreduces_up_to_its_limit(np_):
+@pytest.mark.parametrize("transport,np_", [("shm", 2), ("shm", 4), ("tcp", 2)])
+def test_fast_lane_takes_allreduces_up_to_its_limit(transport, np_):
     """A lone blocking allreduce of up to HOROVOD_FAST_LANE_BYTES (256 KiB), and 512 KiB over every rank's payload
     (each rank reads them all), is decided and carried out on the lane in one synchronisation; one of 4 bytes more
     is agreed there and carried by the data plane. Results against numpy either way."""
-    if transport_skip_reason("shm"):
-        pytest.skip(transport_skip_reason("shm"))
-    results = run(sizes_worker, np_, "shm", timeout=300)
+    _skip_without(transport)
+    results = run(sizes_worker, np_, transport, timeout=300)
     assert_no_failures([r["checks"] for r in results])
     for r in results:
         assert r["limit"] == {2: 256 * 1024, 4: 128 * 1024}[np_], r["limit"]
@@ -187,8 +199,7 @@ def test_fast_lane_takes_allreduces_up_to_its_limit(np_):
 
 
 def test_fast_lane_limit_is_a_knob():
-    if transport_skip_reason("shm"):
-        pytest.skip(transport_skip_reason("shm"))
+    _skip_without("shm")
     results = run(sizes_worker, 2, "shm", timeout=300, env={"HOROVOD_FAST_LANE_BYTES": "1024"})
     assert_no_failures([r["checks"] for r in results])
     for r in results:
@@ -249,25 +260,18 @@ def kinds_worker() -> dict:
 
 
 @pytest.mark.parametrize("board_bytes", ["default", "64"])
-@pytest.mark.parametrize("np_", [2, 3])
-def test_fast_lane_carries_every_kind_of_collective(np_, board_bytes):
+@pytest.mark.parametrize("transport,np_", [("shm", 2), ("shm", 3), ("tcp", 3)])
+def test_fast_lane_carries_every_kind_of_collective(transport, np_, board_bytes):
     """On the board (the default limit), and, with a limit of 64 bytes, most of them agreed on the lane and
     carried by the data plane (an allgather's rows and an alltoall's splits travel on the board then)."""
-    if transport_skip_reason("shm"):
-        pytest.skip(transport_skip_reason("shm"))
+    _skip_without(transport)
     env = {} if board_bytes == "default" else {"HOROVOD_FAST_LANE_BYTES": board_bytes}
-    results = run(kinds_worker, np_, "shm", timeout=300, env=env)
+    results = run(kinds_worker, np_, transport, timeout=300, env=env)
     assert_no_failures([r["checks"] for r in results])
     for r in results:
         # nearly all of the 96 calls; with 64 bytes on the board the uneven alltoalls of odd rounds are on the board
         # on one rank and off it on another, so they take the coordinator's way (12 of them)
         assert r["fast"] >= (85 if board_bytes == "default" else 75), r
-
-
-def test_fast_lane_not_used_over_tcp():
-    results = run(results_worker, 2, "tcp", args=("plain",), timeout=300)
-    assert_no_failures([r["checks"] for r in results])
-    assert all(r["lane"] is None for r in results)
 
 
 def dying_peer_worker() -> dict:
@@ -292,10 +296,10 @@ def dying_peer_worker() -> dict:
     return {"error": out, "seconds": time.monotonic() - started}
 
 
-def test_peer_dying_during_a_lane_wait_fails_the_waiter_naming_it():
-    if transport_skip_reason("shm"):
-        pytest.skip(transport_skip_reason("shm"))
-    results = run(dying_peer_worker, 2, "shm", timeout=120, expect_failure=True,
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_peer_dying_during_a_lane_wait_fails_the_waiter_naming_it(transport):
+    _skip_without(transport)
+    results = run(dying_peer_worker, 2, transport, timeout=120, expect_failure=True,
                   env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "60"})
     status, out = results[0]
     assert status == "ok", out
@@ -341,13 +345,13 @@ def stalled_lane_worker(fifo_dir: str) -> dict:
     return out
 
 
-def test_stall_on_the_lane_warns_then_fails_every_rank(tmp_path):
-    if transport_skip_reason("shm"):
-        pytest.skip(transport_skip_reason("shm"))
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_stall_on_the_lane_warns_then_fails_every_rank(tmp_path, transport):
+    _skip_without(transport)
     import os
 
     os.mkfifo(tmp_path / "go")
-    results = run(stalled_lane_worker, 2, "shm", args=(str(tmp_path),), timeout=120,
+    results = run(stalled_lane_worker, 2, transport, args=(str(tmp_path),), timeout=120,
                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"})
     name, internal, text = results[0]["error"]
     assert name == "StallError" and internal and "stalled_on_lane" in text and "[1]" in text, (name, text)
