@@ -35,13 +35,19 @@ def complete(pending: Pending) -> Any:
 # -- one function per collective: views in, (handle, finish) out ----------------------------------------------
 def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], op: int, prescale: float,
               postscale: float, set_id: int, inplace: bool, grouped: bool, attended: bool = False) -> Pending:
-    if inplace:
+    if not grouped:   # one tensor, on every training step: no list comprehensions
+        view = adapter.inplace_view(tensors[0]) if inplace else adapter.view(tensors[0])
+        views = [view]
+        outputs = [view.array if inplace else adapter.fresh_output(view)]
+        arrays = [view.array]
+    elif inplace:
         views = [adapter.inplace_view(t) for t in tensors]
-        outputs = [v.array for v in views]
+        arrays = outputs = [v.array for v in views]
     else:
         views = [adapter.view(t) for t in tensors]
         outputs = [adapter.fresh_output(v) for v in views]
-    handle = collectives.allreduce_async([v.array for v in views], names, op=op, prescale=prescale,
+        arrays = [v.array for v in views]
+    handle = collectives.allreduce_async(arrays, names, op=op, prescale=prescale,
                                          postscale=postscale, process_set=set_id, outputs=outputs,
                                          dtypes=overrides(views), grouped=grouped, attended=attended)
     if grouped:

@@ -122,9 +122,8 @@ def round_board(config: Config, world: Transport, boot: Bootstrap) -> Optional[R
     hosts, over TCP among every rank's log2(size) partners when every rank agrees to use rounds (a response cache,
     and no timeline recorded from the start: the timeline shows every negotiation).
 
-    A job of one host on the tcp or mpi transport keeps the coordinator: there a lone tiny allreduce costs one round
-    trip to rank 0 (reduced inline), against a round plus a data-plane collective warm (~40 µs more at np = 2), and
-    one host never has the ranks that make the coordinator the bottleneck."""
+    A job of one host on the tcp or mpi transport keeps the coordinator for asynchronous work (its lone blocking
+    collectives take the fast lane): one host never has the ranks that make the coordinator the bottleneck."""
     board = shm_round_board(world)
     if board is not None or boot.size < 2 or boot.local_size == boot.size:
         return board

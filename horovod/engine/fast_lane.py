@@ -3,9 +3,10 @@
 The coordinator path costs a small collective two control-plane hops with Python at both ends of each (or, warm,
 a round and then the data-plane collective: two synchronisations); a rank that has just computed for a while also
 has to be woken for each hop. A lone blocking allreduce, broadcast, allgather, reducescatter or alltoall of at most
-``HOROVOD_FAST_LANE_BYTES`` (256 KiB, and 512 KiB over all ranks' payloads) does better on one host. Each rank
-posts its request's digest and its bytes on a board in shared memory (:mod:`horovod.engine.lane_board`; a
-broadcast's non-root ranks post no bytes), and when every rank posted the same digest for the same lane number,
+``HOROVOD_FAST_LANE_BYTES`` (256 KiB, and 512 KiB over all ranks' payloads) does better. Each rank posts its
+request's digest and its bytes on a board — in shared memory on one host (:mod:`horovod.engine.lane_board`), else
+passed among log2(size) partners over TCP (:mod:`horovod.engine.tcp_lane`); a broadcast's non-root ranks post no
+bytes — and when every rank posted the same digest for the same lane number,
 each computes its result from the payloads itself: an allreduce in rank order with the coordinator's own
 arithmetic (:func:`horovod.engine.negotiation.reduce_payloads`), so every rank gets the bytes the coordinator
 would have sent; a broadcast from the root's payload; an allgather by concatenating the payloads in rank order; a
@@ -113,6 +114,8 @@ class FastLane:
     def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
         """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no
         bytes) never goes on the lane, so that it fails there as it always did."""
+        if req.kind == ops.ALLREDUCE:
+            return True
         if req.kind == ops.BROADCAST:
             return 0 <= req.root < self.size
         if req.kind == ops.ALLGATHER:

@@ -1,6 +1,6 @@
 """Where a collective enters the engine: the checks every rank makes alone, then the route it takes.
 
-A lone blocking tiny allreduce on one host may be agreed and reduced on the fast lane
+A lone blocking collective on the global set may be agreed on and carried out on the fast lane
 (:mod:`horovod.engine.lane_use`); a job of one process plans and executes right in the caller; everything else
 queues in the outbox (:mod:`horovod.engine.outbox`) for whoever drives next.
 """
