@@ -84,12 +84,19 @@ class Watchdog:
     # -- the engine's side ------------------------------------------------------------------------------------
     def track(self, item: Pending) -> None:
         with self._cond:
-            self._pending.append(item)
-            if self._thread is None and not self._stopped:
-                self._thread = threading.Thread(target=self._run, name="horovod-gpu-watchdog", daemon=True)
-                self._thread.start()
-            elif len(self._pending) == 1:
-                self._cond.notify()
+            failure = self.failure
+            if failure is None:
+                self._pending.append(item)
+                if self._thread is None and not self._stopped:
+                    self._thread = threading.Thread(target=self._run, name="horovod-gpu-watchdog", daemon=True)
+                    self._thread.start()
+                elif len(self._pending) == 1:
+                    self._cond.notify()
+        if failure is not None:
+            # The plane failed while this work was being enqueued (an asynchronous error its own NCCL call raised
+            # can be read before it is tracked): it fails with that error, never completes as if it were whole.
+            for handle in item.handles:
+                handle.fail(PeerFailureError(str(failure)))
 
     def busy(self, comms: Iterable[Any]) -> bool:
         """Whether pending work uses any of ``comms``."""

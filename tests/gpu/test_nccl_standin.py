@@ -440,3 +440,24 @@ def test_the_host_cost_benchmark_runs_on_the_cpu(tmp_path):
     assert all(v > 0 for v in result["us_per_call"].values()), result
     assert result["profile_us_per_call"]["device executor"] > 0, result
     assert "| device array, NCCL path |" in proc.stdout
+
+
+def test_work_tracked_after_the_plane_failed_fails_instead_of_looking_whole():
+    """The race behind a CI failure: NCCL's asynchronous error, raised by a collective's own call, can be read by the
+    watchdog before the engine tracks that collective. Work tracked after the failure must fail with it (its handle
+    raises, poll() is true), never complete as if its results were whole."""
+    from horovod.engine.device_watchdog import Pending, Watchdog
+    from horovod.engine.handles import Handle
+
+    failures = []
+    watchdog = Watchdog(600.0, abort_all=lambda: None, on_failure=failures.append, rank=0)
+    watchdog.fail("NCCL reported an asynchronous error on rank 0 while allreduce.warm was pending on the GPU")
+    handle = Handle(1, ["allreduce.x"])
+    item = Pending(None, None, lambda: "allreduce.x", [handle], [], 0.0)
+    watchdog.track(item)
+    handle.complete(0, np.ones(3))   # what the engine does after enqueueing
+    assert handle.done() and handle.error is not None   # what poll() reads: done, failed
+    with pytest.raises(Exception, match="asynchronous error"):
+        handle.wait(1.0)
+    assert len(failures) == 1 and not watchdog.busy([])
+    watchdog.stop()
