@@ -59,8 +59,10 @@ def others(np_: int) -> str:
     return "rank 0" if len(waiters) == 1 else f"ranks {' and '.join(map(str, waiters))}"
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("np_", [2, 3])
+# Every scenario with one waiter over shared memory and with two over TCP (until session 11 all four pairings:
+# ~150 s more of CI, and no scenario ever failed at one pairing only; the two below still reach both boards of the
+# fast lane, both transports and both verdict shapes).
+@pytest.mark.parametrize("np_,transport", [(2, "shm"), (3, "tcp")])
 @pytest.mark.parametrize("scenario", ["skip", "order", "sleep", "sleep_tiny", "sigstop", "kill", "process_set",
                                       "loader", "torch_loader"])
 def test_planted_hang(tmp_path, scenario, np_, transport):

@@ -184,7 +184,8 @@ def _assert_matches(got, want, label):
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-6, err_msg=label)
 
 
-@pytest.mark.parametrize("np_,threads", [(2, 1), (2, 2), (3, 1), (3, 2)])
+# One and two inter-op threads, np = 2 and 3 (each pairing once: the four pairings cost ~70 s more of CI).
+@pytest.mark.parametrize("np_,threads", [(2, 2), (3, 1)])
 def test_many_independent_ops_in_one_run(np_, threads):
     results = run_tf(_graph_worker, np_, args=(threads,))
     for r, res in enumerate(results):
