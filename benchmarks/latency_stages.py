@@ -210,7 +210,7 @@ def hot_path_calls(transports: List[str]) -> int:
     print("\n".join(table(["transport", "rank"] + layers + ["total"], rows)) + "\n")
     for who, top in tops.items():
         print(f"Busiest functions, {who} (calls per collective):\n")
-        print("\n".join(table(["function", "calls"], [[name, f"{n:.1f}"] for name, n in top[:int(os.environ.get("HOT_TOP", "12"))]])) + "\n")
+        print("\n".join(table(["function", "calls"], [[name, f"{n:.1f}"] for name, n in top[:12]])) + "\n")
     return 0
 
 

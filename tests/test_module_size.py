@@ -19,10 +19,11 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # that needs it, saying why. Session 9 ended at 15,742 (typed and checked knobs, the GPU watchdog, liveness that
 # counts every byte, abandoned elastic epochs). Session 10 raised it by 100 for the fast lane carrying every kind
 # of collective, on the board up to 256 KiB and agreed there for the data plane above (issue 35), after taking
-# out the dead code it found. Session 11 raised it by 600 for the fast lane over TCP (horovod/engine/tcp_lane.py and
+# out the dead code it found. Session 11 raised it by 650 for the fast lane over TCP (horovod/engine/tcp_lane.py and
 # lane_links.py: the lane across hosts and on the tcp and mpi transports, one exchange per lone blocking collective
-# instead of the coordinator's round trip plus the data plane).
-CORE_BUDGET = 16700
+# instead of the coordinator's round trip plus the data plane; the rest for the GPU watchdog failing work tracked
+# after the plane failed).
+CORE_BUDGET = 16750
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {
