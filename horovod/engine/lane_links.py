@@ -53,7 +53,6 @@ class LaneLinks:
         self._frame_limit = frame_limit
         self._on_frame = on_frame
         self._on_lost = on_lost
-        self.frames_out = 0
 
     @property
     def peers(self) -> List[int]:
@@ -65,7 +64,6 @@ class LaneLinks:
         """Send ``frame`` (buffers of ``total`` bytes, the header first) to ``peer`` without blocking."""
         if peer in self.gone:
             return
-        self.frames_out += 1
         queue = self._out[peer]
         if queue:   # behind what still waits (copies: the caller's buffers may change)
             queue.extend(memoryview(bytes(p)) for p in frame)
