@@ -106,6 +106,23 @@ class Driver:
             if self.needs_background():
                 self.call_background()
 
+    def coordinator_last_word(self, wait: float = 1.0) -> Optional[BaseException]:
+        """After a send to the coordinator failed: read what it sent before it closed, and the engine's end.
+
+        A coordinator that fails relays the first cause ("rank 1 has not been heard from ...") and then closes; a
+        worker whose own send hits the closed connection first would otherwise report only a broken pipe. Returns
+        the engine's death, if it is known after reading (another driver may be reading it: wait for it a while).
+        """
+        state = self.state
+        if state.dead is None and state.drive_lock.acquire(timeout=wait):
+            try:
+                for message in (self.follower.receive(0) or []) if state.dead is None else []:
+                    if self.follower.obey_shutdown(message):
+                        break
+            finally:
+                state.drive_lock.release()
+        return state.dead
+
     def holding(self) -> bool:
         """Rank 0 holds ready responses for a cycle-time window."""
         return self.coordination is not None and bool(self.coordination.held)

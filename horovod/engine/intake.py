@@ -81,6 +81,9 @@ class Intake:
             except PeerError as exc:
                 for entry in entries:
                     state.pop_entries(entry.request.process_set, [entry.request.name])
+                dead = self.driver.coordinator_last_word()
+                if dead is not None:   # the coordinator said why it ended (the rank that failed first)
+                    raise type(dead)(str(dead)) from exc
                 raise PeerFailureError(f"cannot reach the coordinator (rank 0): {exc}. {SHUTDOWN_MESSAGE}") from exc
         elif first and state.drive_lock.locked():
             state.wakeup.wake()   # the driver may be blocked in select; otherwise the next driver sees the outbox
