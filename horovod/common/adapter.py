@@ -137,6 +137,8 @@ class ArrayAdapter(TensorAdapter[np.ndarray]):
     """numpy arrays (and anything ``np.asarray`` accepts): ``horovod.numpy`` and TensorFlow's kernels."""
 
     def view(self, tensor: Any) -> View[np.ndarray]:
+        if type(tensor) is np.ndarray and tensor.flags.c_contiguous and tensor.dtype.kind != "V":
+            return View(tensor, tensor, None, False)   # the common case, in one step
         array, copied = c_order(tensor)
         storage, dtype = storage_view(array)
         return View(tensor, storage, dtype, copied)

@@ -40,16 +40,15 @@ def allreduce(adapter: TensorAdapter, tensors: Sequence[Any], names: List[str], 
         views = [view]
         outputs = [view.array if inplace else adapter.fresh_output(view)]
         arrays = [view.array]
-    elif inplace:
-        views = [adapter.inplace_view(t) for t in tensors]
-        arrays = outputs = [v.array for v in views]
+        dtypes: Optional[List[Optional[str]]] = None if view.dtype is None else [view.dtype]
     else:
-        views = [adapter.view(t) for t in tensors]
-        outputs = [adapter.fresh_output(v) for v in views]
+        views = [adapter.inplace_view(t) for t in tensors] if inplace else [adapter.view(t) for t in tensors]
         arrays = [v.array for v in views]
+        outputs = arrays if inplace else [adapter.fresh_output(v) for v in views]
+        dtypes = overrides(views)
     handle = collectives.allreduce_async(arrays, names, op=op, prescale=prescale,
                                          postscale=postscale, process_set=set_id, outputs=outputs,
-                                         dtypes=overrides(views), grouped=grouped, attended=attended)
+                                         dtypes=dtypes, grouped=grouped, attended=attended)
     if grouped:
         if inplace:
             return handle, lambda _raw: [adapter.finish_inplace(v) for v in views]
@@ -217,7 +216,7 @@ class HandleCollectives:
         ``average=None``, and the ``average=`` shim is not run again. ``attended``: the caller waits right away
         (every blocking form; see :mod:`horovod.engine.collectives`).
         """
-        set_id = _set_id(process_set)
+        set_id = 0 if process_set is global_process_set else _set_id(process_set)
         names = self._names("allreduce", name, len(tensors), set_id, grouped) if grouped else \
             [tensor_name("allreduce", name, set_id)]
         if average is not None:   # the deprecated ``average=``: the shim checks it against ``op`` and warns

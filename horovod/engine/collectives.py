@@ -14,7 +14,7 @@ issue order).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
@@ -51,9 +51,9 @@ def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *
              dtypes: Optional[Sequence[Optional[str]]] = None, op: int = ops.Sum, root: int = -1,
              prescale: float = 1.0, postscale: float = 1.0,
              splits: Optional[Sequence[Optional[Sequence[int]]]] = None, grouped: bool = False,
-             finalize: Optional[Callable] = None, attended: bool = False) -> Handle:
+             single: bool = False, attended: bool = False) -> Handle:
     runtime = state.runtime()
-    handle = Handle(len(tensors), list(names), finalize)
+    handle = Handle(len(tensors), list(names), single)
     engine = runtime.state   # its fields, not the runtime's properties: this runs on every collective
     inline_limit = engine.config.inline_bytes if kind == ops.ALLREDUCE and op != ops.Adasum else 0
     # Ranks agree on member names, so the first name keys the group on the coordinator.
@@ -104,10 +104,6 @@ def _splits_of(splits: Optional[Sequence[Optional[Sequence[int]]]], i: int) -> O
     return tuple(int(s) for s in rows) if rows is not None else None
 
 
-def _single(results):
-    return results[0]
-
-
 def _check_op(op: int, process_set: int, what: str = "allreduce") -> None:
     if op not in ops.OP_NAMES:
         raise InvalidArgumentError(f"Unknown reduction op {op!r}; use hvd.Sum, hvd.Average, hvd.Min, hvd.Max, "
@@ -127,9 +123,10 @@ def allreduce_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op
                     dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False,
                     attended: bool = False) -> Handle:
     """Reduce each tensor across the process set (in place when ``outputs[i] is tensors[i]``)."""
-    _check_op(op, process_set)
+    if op == ops.Adasum or op not in ops.OP_NAMES:   # (the common ops: no call on every training step)
+        _check_op(op, process_set)
     return _enqueue(ops.ALLREDUCE, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes, op=op,
-                    prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single,
+                    prescale=prescale, postscale=postscale, grouped=grouped, single=not grouped,
                     attended=attended)
 
 
@@ -142,7 +139,7 @@ def allgather_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, pr
             raise InvalidArgumentError("allgather needs a tensor with at least one dimension; got a scalar. "
                              "Reshape it to [1] first.")
     return _enqueue(ops.ALLGATHER, tensors, names, process_set=process_set, dtypes=dtypes, grouped=grouped,
-                    finalize=None if grouped else _single, attended=attended)
+                    single=not grouped, attended=attended)
 
 
 def broadcast_async(tensors: Sequence[HostOrDevice], names: Sequence[str], root_rank: int, *, process_set: int = 0,
@@ -155,7 +152,7 @@ def broadcast_async(tensors: Sequence[HostOrDevice], names: Sequence[str], root_
     # The root's range and membership are checked by the coordinator, so that a root wrong on one rank only fails
     # every rank instead of leaving the others waiting.
     return _enqueue(ops.BROADCAST, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes,
-                    root=int(root_rank), grouped=grouped, finalize=None if grouped else _single, attended=attended)
+                    root=int(root_rank), grouped=grouped, single=not grouped, attended=attended)
 
 
 def alltoall_async(tensor: HostOrDevice, name: str, splits: Optional[Sequence[int]] = None, *, process_set: int = 0,
@@ -185,7 +182,7 @@ def alltoall_async(tensor: HostOrDevice, name: str, splits: Optional[Sequence[in
             raise InvalidArgumentError(f"alltoall splits sum to {sum(split_list)} but the tensor's first dimension "
                                        f"is {rows}.")
     return _enqueue(ops.ALLTOALL, [array], [name], process_set=process_set, dtypes=[dtype] if dtype else None,
-                    splits=[split_list], finalize=_single, attended=attended)
+                    splits=[split_list], single=True, attended=attended)
 
 
 def reducescatter_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op: int = ops.Average,
@@ -199,14 +196,14 @@ def reducescatter_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *
         if _ndim(t) == 0:
             raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension; got a scalar.")
     return _enqueue(ops.REDUCESCATTER, tensors, names, process_set=process_set, dtypes=dtypes, op=op,
-                    prescale=prescale, postscale=postscale, grouped=grouped, finalize=None if grouped else _single,
+                    prescale=prescale, postscale=postscale, grouped=grouped, single=not grouped,
                     attended=attended)
 
 
 def barrier(process_set: int = 0) -> None:
     """Return once every rank of the process set has reached the barrier."""
     runtime = _runtime()
-    handle = Handle(1, ["barrier"], _single)
+    handle = Handle(1, ["barrier"], single=True)
     req = Request(rank=runtime.rank, name=tensor_name("barrier", None, process_set), kind=ops.BARRIER,
                   process_set=process_set)
     runtime.enqueue([Entry(req, None, None, handle)], attended=True)
@@ -216,7 +213,7 @@ def barrier(process_set: int = 0) -> None:
 def join_async(attended: bool = False) -> Handle:
     """Announce that this rank has no more data; completes when all ranks joined, with the last joiner's rank."""
     runtime = _runtime()
-    handle = Handle(1, ["join"], _single)
+    handle = Handle(1, ["join"], single=True)
     req = Request(rank=runtime.rank, name=JOIN_NAME, kind=ops.JOIN, process_set=0)
     runtime.enqueue([Entry(req, None, None, handle)], attended)
     return handle
@@ -225,7 +222,7 @@ def join_async(attended: bool = False) -> Handle:
 def process_set_change(kind: int, payload) -> object:
     """Negotiate adding (ranks) or removing (id) a process set on every rank; returns the id / whether it existed."""
     runtime = _runtime()
-    handle = Handle(1, ["process_set"], _single)
+    handle = Handle(1, ["process_set"], single=True)
     name = tensor_name("add_process_set" if kind == ops.ADD_PROCESS_SET else "remove_process_set", None)
     req = Request(rank=runtime.rank, name=name, kind=kind, process_set=0, payload=payload)
     runtime.enqueue([Entry(req, None, None, handle)], attended=True)

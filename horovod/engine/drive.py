@@ -137,9 +137,12 @@ class Driver:
         warm = state.warm
         if warm is not None and (warm.state.in_round or warm.deferred):
             return True   # everyone waits for this rank's round; its messages wait for the round
-        coord = state.coordinator
-        # Rank 0 serves process sets it is not a member of, and holds responses during a cycle-time window.
-        return coord is not None and (self.holding() or coord.has_ready() or state.serves_outsiders)
+        coord, coordination = state.coordinator, self.coordination
+        if coord is None or coordination is None:
+            return False   # only rank 0 coordinates
+        # Rank 0 serves process sets it is not a member of, and holds responses during a cycle-time window
+        # (:meth:`holding`, read directly: this runs after every collective).
+        return bool(coordination.held) or coord.has_ready() or state.serves_outsiders
 
     def call_background(self) -> None:
         if self._background_wanted:

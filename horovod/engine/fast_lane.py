@@ -100,22 +100,20 @@ class FastLane:
 
     # -- posting (under the engine's lock) ---------------------------------------------------------------------
 
-    def eligible(self, req: Request, tensor: object) -> bool:
-        """Whether ``req`` over ``tensor`` may be proposed (the engine also checks that nothing else is in
-        flight): any collective but a barrier, a join or Adasum, on the global set, of a host array."""
-        return (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0 and req.group is None
-                and type(tensor) is np.ndarray and not self.board.closed and self._well_formed(req, tensor))
-
-    def on_board(self, req: Request, tensor: Any) -> bool:
-        """Whether the data travels on the board (at most HOROVOD_FAST_LANE_BYTES with an alltoall's splits);
-        otherwise the lane only agrees, and the data plane carries the data."""
+    def placement(self, req: Request, tensor: object) -> Optional[bool]:
+        """Whether ``req`` over ``tensor`` may be proposed, and how (the engine also checks that nothing else is in
+        flight): ``None`` when it may not (a barrier, a join, Adasum, another process set, a device array);
+        otherwise whether its data travels on the board (at most HOROVOD_FAST_LANE_BYTES with an alltoall's
+        splits) or the lane only agrees and the data plane carries the data."""
+        if not (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0 and req.group is None
+                and type(tensor) is np.ndarray and not self.board.closed
+                and (req.kind == ops.ALLREDUCE or self._well_formed(req, tensor))):
+            return None
         return tensor.nbytes + (8 * self.size if req.kind == ops.ALLTOALL else 0) <= self.limit
 
     def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
         """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no
         bytes) never goes on the lane, so that it fails there as it always did."""
-        if req.kind == ops.ALLREDUCE:
-            return True
         if req.kind == ops.BROADCAST:
             return 0 <= req.root < self.size
         if req.kind == ops.ALLGATHER:

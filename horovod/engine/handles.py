@@ -13,27 +13,31 @@ from horovod.engine.device import ArrayT, DeviceArray
 from horovod.engine.messages import Request
 
 
+#: Guards every handle's slot count: one lock for all of them (a handle is created per collective, and what the
+#: lock guards takes nanoseconds, so sharing it costs nothing while a lock per handle costs its creation).
+_COUNTS = threading.Lock()
+
+
 class Handle:
     """Completion of one enqueued operation (one tensor, or a whole group).
 
     The engine fills :attr:`results` slot by slot; the handle completes when every slot is filled or the first
-    error arrives.  Completion is a plain lock held from creation until then (an ``Event`` costs several times
-    more to create, and a handle is created per collective).
+    error arrives.  A thread that has to block for it waits on a *gate*, a plain lock held until then (an ``Event``
+    costs several times more to create); the gate is made only when someone has to block, since most blocking
+    collectives complete before their caller waits.  ``single``: :meth:`wait` returns the one result rather than
+    the list.
     """
 
-    __slots__ = ("_gate", "_lock", "_remaining", "_done", "results", "error", "names", "finalize", "driver",
-                 "settled")
+    __slots__ = ("_gate", "_remaining", "_done", "results", "error", "names", "single", "driver", "settled")
 
-    def __init__(self, count: int, names: List[str], finalize: Optional[Callable[[List[Any]], Any]] = None):
-        self._gate = threading.Lock()
-        self._gate.acquire()
-        self._lock = threading.Lock()
+    def __init__(self, count: int, names: List[str], single: bool = False):
+        self._gate: Optional[threading.Lock] = None
         self._remaining = count
         self._done = False
         self.results: List[Any] = [None] * count
         self.error: Optional[BaseException] = None
         self.names = names
-        self.finalize = finalize
+        self.single = single
         # Set by the engine at enqueue: ``driver(handle, timeout)`` lets the waiting thread make progress itself.
         self.driver: Optional[Callable[["Handle", Optional[float]], None]] = None
         # Set by the device executor: whether the GPU work behind the results has finished (``poll`` asks).
@@ -42,33 +46,40 @@ class Handle:
             self._open()
 
     def _open(self) -> None:
+        """Under ``_COUNTS`` (or before anyone else holds the handle): complete it, once."""
         if not self._done:
             self._done = True
-            self._gate.release()
+            if self._gate is not None:
+                self._gate.release()
 
     def done(self) -> bool:
         """True once the operation completed (successfully or not)."""
         return self._done
 
     def complete(self, index: int, value: Any) -> None:
-        with self._lock:
+        with _COUNTS:
             self.results[index] = value
             self._remaining -= 1
             if self._remaining == 0:
                 self._open()
 
     def fail(self, error: BaseException) -> None:
-        with self._lock:
+        with _COUNTS:
             if self.error is None:
                 self.error = error
             self._open()
 
     def _wait_done(self, timeout: Optional[float]) -> bool:
-        if self._done:
-            return True
-        if not self._gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+        with _COUNTS:
+            if self._done:
+                return True
+            gate = self._gate
+            if gate is None:
+                gate = self._gate = threading.Lock()
+                gate.acquire()
+        if not gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             return False
-        self._gate.release()   # let any other waiter through too
+        gate.release()   # let any other waiter through too
         return True
 
     def wait(self, timeout: Optional[float] = None) -> Any:
@@ -78,19 +89,18 @@ class Handle:
             TimeoutError: not done within ``timeout`` seconds.
             HorovodInternalError: the collective failed (mismatch, peer failure, shutdown).
         """
-        remaining = timeout
-        if not self._done and self.driver is not None:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            self.driver(self, timeout)
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-        if not self._wait_done(remaining):
-            raise TimeoutError(f"collective {self.names[:3]} did not complete within {timeout} s")
+        if not self._done:
+            remaining = timeout
+            if self.driver is not None:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                self.driver(self, timeout)
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+            if not self._wait_done(remaining):
+                raise TimeoutError(f"collective {self.names[:3]} did not complete within {timeout} s")
         if self.error is not None:
             raise self.error
-        if self.finalize is not None:
-            return self.finalize(self.results)
-        return self.results
+        return self.results[0] if self.single else self.results
 
 
 @dataclass

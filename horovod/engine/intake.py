@@ -101,7 +101,7 @@ class Intake:
             if pset is None:
                 raise ValueError(f"Process set {req.process_set} is not registered (it may have been removed); "
                                  f"register it with hvd.add_process_set() on every rank first.")
-            if not pset.included(state.rank):
+            if req.process_set and not pset.included(state.rank):   # (the global set holds every rank)
                 raise ValueError(f"Rank {state.rank} is not a member of the provided process set "
                                  f"(ranks {list(pset.ranks)}).")
             key = (req.process_set, req.name)

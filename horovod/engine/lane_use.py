@@ -2,6 +2,7 @@
 deciding a lone blocking small collective there when every rank proposed it."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -38,21 +39,21 @@ class LaneUse:
         """Under the state's lock: propose a lone blocking collective on the lane (returns its lane number, holding
         the drive lock, and whether its data travels on the board: both for :meth:`settle`), or post slow entries
         for the requests (returns ``(0, False)``)."""
-        state, lane = self.state, self.lane
-        if (attended and len(entries) == 1 and not state.inflight and not self.outbox
-                and not self.driver.holding() and lane.eligible(entries[0].request, entries[0].tensor)
+        state, lane, coordination = self.state, self.lane, self.driver.coordination
+        if (attended and len(entries) == 1 and not state.inflight and not self.outbox.queued
+                and (coordination is None or not coordination.held)   # (rank 0 holds no responses back)
                 and not state.timeline.enabled
                 # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
                 # and a rank that passes it where another passes the global set posts no entry the proposer could
                 # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
-                and state.every_set_spans
-                and state.drive_lock.acquire(blocking=False)):
-            entry = entries[0]   # eligible: a host array
-            on_board = lane.on_board(entry.request, entry.tensor)
-            seq = lane.propose(entry.request, entry.tensor, on_board)
-            if not seq:
-                state.drive_lock.release()
-            return seq, on_board
+                and state.every_set_spans):
+            entry = entries[0]
+            on_board = lane.placement(entry.request, entry.tensor)
+            if on_board is not None and state.drive_lock.acquire(blocking=False):
+                seq = lane.propose(entry.request, entry.tensor, on_board)
+                if not seq:
+                    state.drive_lock.release()
+                return seq, on_board
         lane.note([e.request for e in entries], state.spanning)
         return 0, False
 
@@ -67,10 +68,10 @@ class LaneUse:
             plan: Optional[Response] = None
             if on_board:
                 outcome, output = lane.settle(seq, req, housekeeping,
-                                              lambda payloads: lane_result(entry, payloads, state.size))
+                                              partial(lane_result, entry, state.size))
             else:
                 outcome, plan = lane.settle(seq, req, housekeeping,
-                                            lambda payloads: plane_response(req, payloads, state.size))
+                                            partial(plane_response, req, state.size))
             if outcome == "slow":
                 return False
             if outcome == "stalled":
@@ -99,7 +100,7 @@ class LaneUse:
                 driver.call_background()
 
 
-def lane_result(entry: HostEntry, payloads: Sequence[memoryview], size: int) -> Any:
+def lane_result(entry: HostEntry, size: int, payloads: Sequence[memoryview]) -> Any:
     """This rank's result of the lane's collective ``entry`` from every rank's payload (rank order), written
     into the entry's output (allocated when the call returns a new one), as the executor would."""
     req = entry.request
@@ -162,7 +163,7 @@ def _alltoall_result(req: Request, payloads: Sequence[memoryview], size: int, ro
     return out, np.asarray(received, dtype=np.int32)
 
 
-def plane_response(req: Request, payloads: Sequence[memoryview], size: int) -> Response:
+def plane_response(req: Request, size: int, payloads: Sequence[memoryview]) -> Response:
     """The response the coordinator would have sent for ``req`` once every rank proposed it with its data off the
     board: the request's own parameters, and what each rank posted of its shape (an allgather's rows, an
     alltoall's splits: the executor needs every rank's)."""

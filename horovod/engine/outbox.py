@@ -24,25 +24,26 @@ class Outbox:
 
     def __init__(self, state: EngineState):
         self.state = state
-        self._queued: List[Request] = []
+        #: Requests queued, not yet sent (read it to ask whether any wait; only this class changes it).
+        self.queued: List[Request] = []
         self._lock = threading.Lock()   # held while flushing: concurrent flushers must not reorder requests
         self._invalidations: List[int] = []   # rank 0: slots every rank must drop, sent with the next message
 
     def __bool__(self) -> bool:
-        return bool(self._queued)
+        return bool(self.queued)
 
     def add(self, requests: List[Request]) -> bool:
         """Queue ``requests``; True when the outbox was empty before."""
         with self._lock:
-            first = not self._queued
-            self._queued.extend(requests)
+            first = not self.queued
+            self.queued.extend(requests)
         return first
 
     def flush(self) -> None:
         """Hand queued requests to the coordinator: in one message from a worker, directly on rank 0."""
         state = self.state
         with self._lock:
-            batch, self._queued = self._queued, []
+            batch, self.queued = self.queued, []
             if not batch:
                 return
             if state.warm is not None:

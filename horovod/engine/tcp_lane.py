@@ -88,6 +88,7 @@ class TcpLane:
         self._posted = 0
         self._cur: Optional[_Proposal] = None
         self._own_fast: Set[int] = set()   # this rank's fast entries not yet decided everywhere it matters
+        self._prune_at = 64   # when to drop the old ones from _own_fast (a number, not a len() per post)
         # Frames that arrived for numbers this rank has not posted yet: (number, tag) -> (peer, digest, entries).
         self._inbox: Dict[Tuple[int, int], Tuple[int, int, Entries]] = {}
         self._slow: List[Tuple[int, int]] = []   # numbers known to be slow (first, last)
@@ -131,8 +132,9 @@ class TcpLane:
             data = memoryview(payload.tobytes())
             self._cur = _Proposal(seq, digest, data, self.rank)
             self._own_fast.add(seq)
-            if len(self._own_fast) > 64:   # late frames only ever concern the last few
+            if seq >= self._prune_at:   # late frames only ever concern the last few
                 self._own_fast = {q for q in self._own_fast if q > seq - 32}
+                self._prune_at = seq + 32
             links = self._links
             if self._inbox:
                 # Partners got here first, maybe long ago: take in what they sent since (a CLOSED from a rank that
@@ -171,7 +173,7 @@ class TcpLane:
                         self._cur = None
                         return True, None
                     entries = cur.entries
-                    return True, [entries[q] for q in range(self.size)]
+                    return True, list(map(entries.__getitem__, range(self.size)))   # rank order, no frame
                 waiting_out = links.queued
             if not waiting_out:   # (an empty poll is the timeout)
                 events = links.poll.poll(timeout * 1000 + 1)
@@ -367,9 +369,9 @@ class TcpLane:
             self._links.signal(peer, seq, seq, SLOW)   # this rank's entry is slow: the partner waits for nothing
 
     def _parse_entries(self, peer: int, body: memoryview) -> Tuple[int, Entries]:
-        if len(body) < _BODY.size:
-            raise PeerError(f"rank {peer} sent a malformed fast-lane frame ({len(body)} bytes)", peer=peer)
         end = len(body)
+        if end < _BODY.size:
+            raise PeerError(f"rank {peer} sent a malformed fast-lane frame ({end} bytes)", peer=peer)
         if end >= _BODY_ONE.size:
             digest, count, _, q, n = _BODY_ONE.unpack_from(body)
             if count == 1:
