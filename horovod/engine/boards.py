@@ -103,39 +103,33 @@ class LaneBoard(Protocol):
         """Let go of what the board holds (connections, views of shared memory)."""
 
 
-def lane_board(config: Config, world: Transport, boot: Bootstrap, spin_us: float) -> Optional[LaneBoard]:
-    """The fast lane's board: in the shm world group's segments, else over TCP among every rank's log2(size)
-    partners when every rank has the lane on (collective: every rank builds it, or none)."""
+def open_boards(config: Config, world: Transport, boot: Bootstrap,
+                spin_us: float) -> Tuple[Optional[RoundBoard], Optional[LaneBoard]]:
+    """The warm path's round board and the fast lane's board of this engine (collective: every rank builds each, or
+    none).
+
+    In the shm world group's segments on one host, both. Elsewhere both go over TCP among every rank's log2(size)
+    partners, when every rank wants them (one small allreduce decides both): the lane when every rank has it on, the
+    round board only for a job that spans hosts whose ranks all agree to use rounds (a response cache, and no
+    timeline recorded from the start: the timeline shows every negotiation). A job of one host on the tcp or mpi
+    transport keeps the coordinator for asynchronous work (its lone blocking collectives take the fast lane): one
+    host never has the ranks that make the coordinator the bottleneck.
+    """
     if isinstance(world, ShmGroup) and world.world_ready:
-        board = ShmLane(world, spin_us)
-        world.attach(board)
-        return board
+        rounds, lane = ShmRoundBoard(world), ShmLane(world, spin_us)
+        world.attach(rounds)
+        world.attach(lane)
+        return rounds, lane
     if boot.size < 2:
-        return None
-    wants = np.array([int(config.fast_lane)], dtype=np.int32)
+        return None, None
+    wants_rounds = (boot.local_size != boot.size and config.cache_capacity > 0
+                    and not Timeline.records(config, boot.rank))
+    wants = np.array([int(wants_rounds), int(config.fast_lane)], dtype=np.int32)
     world.allreduce(wants, MIN)
-    return connect_tcp_lane(boot) if wants[0] else None
-
-
-def round_board(config: Config, world: Transport, boot: Bootstrap) -> Optional[RoundBoard]:
-    """The warm path's round board: in the shm world group's segments on one host, else, for a job that spans
-    hosts, over TCP among every rank's log2(size) partners when every rank agrees to use rounds (a response cache,
-    and no timeline recorded from the start: the timeline shows every negotiation).
-
-    A job of one host on the tcp or mpi transport keeps the coordinator for asynchronous work (its lone blocking
-    collectives take the fast lane): one host never has the ranks that make the coordinator the bottleneck."""
-    board = shm_round_board(world)
-    if board is not None or boot.size < 2 or boot.local_size == boot.size:
-        return board
-    wants = np.array([int(config.cache_capacity > 0 and not Timeline.records(config, boot.rank))], dtype=np.int32)
-    world.allreduce(wants, MIN)   # collective: every rank builds the board, or none
-    return connect_round_board(boot) if wants[0] else None
-
-
-def shm_round_board(world: Transport) -> Optional[ShmRoundBoard]:
-    """The round board in the shm world group's segments; None on any other transport."""
-    if not isinstance(world, ShmGroup) or not world.world_ready:
-        return None
-    board = ShmRoundBoard(world)
-    world.attach(board)
-    return board
+    round_board = connect_round_board(boot) if wants[0] else None
+    try:
+        return round_board, connect_tcp_lane(boot) if wants[1] else None
+    except Exception:
+        if round_board is not None:
+            round_board.close()
+        raise

@@ -195,8 +195,7 @@ def _start(config: Config, process_sets: Sequence[Sequence[int]] = (), generatio
         control.close()
         raise
     try:
-        board = boards.round_board(config, world, boot)
-        lane = boards.lane_board(config, world, boot, default_budget_us(topo.local_size, config.spin_us))
+        board, lane = boards.open_boards(config, world, boot, default_budget_us(topo.local_size, config.spin_us))
     except Exception:
         world.close()
         control.close()

@@ -62,8 +62,8 @@ class Runtime:
         static_sets: process sets registered at init, in id order (ids 1, 2, ...).
         job: the store, elastic epoch, rendezvous server and MPI communicator of the job, when there are.
         transport_name: the transport's registered name (default: the world transport's own).
-        round_board: the warm path's board (:func:`horovod.engine.boards.round_board`), if any.
-        lane_board: the fast lane's board (:func:`horovod.engine.boards.lane_board`), if any.
+        round_board: the warm path's board (:func:`horovod.engine.boards.open_boards`), if any.
+        lane_board: the fast lane's board (:func:`horovod.engine.boards.open_boards`), if any.
     """
 
     def __init__(self, config: Config, rank: int, size: int, world: Transport, control: ControlPlane,
