@@ -116,12 +116,17 @@ class Driver:
         state = self.state
         if state.dead is None and state.drive_lock.acquire(timeout=wait):
             try:
-                for message in (self.follower.receive(0) or []) if state.dead is None else []:
-                    if self.follower.obey_shutdown(message):
-                        break
+                self._hear_coordinator()
             finally:
                 state.drive_lock.release()
         return state.dead
+
+    def _hear_coordinator(self) -> None:
+        """Holding the drive lock: read what the coordinator sent, obeying a shutdown notice among it."""
+        if self.state.dead is None and self.state.coordinator is None:
+            for message in self.follower.receive(0) or []:
+                if self.follower.obey_shutdown(message):
+                    break
 
     def holding(self) -> bool:
         """Rank 0 holds ready responses for a cycle-time window."""
@@ -225,7 +230,13 @@ class Driver:
         state = self.state
         coord = state.coordinator
         if self.outbox:
-            self.outbox.flush()
+            try:
+                self.outbox.flush()
+            except PeerError:
+                self._hear_coordinator()   # a coordinator that failed said why first (the rank that failed)
+                if state.dead is not None:
+                    return False
+                raise
         if coord is not None and coord.has_ready():
             timeout = 0.0
         warm = state.warm

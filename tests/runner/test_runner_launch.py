@@ -278,19 +278,25 @@ def test_kill_9_of_the_elastic_driver_takes_the_workers_down(script, tmp_path):
 
 
 FREEZE_WORKER = """
-import os, signal
+import os, signal, sys
 import numpy as np
 import horovod.numpy as hvd
 hvd.init()
 for i in range(1000):
     if hvd.rank() == 1 and i == 10:
         os.kill(os.getpid(), signal.SIGSTOP)   # frozen, not dead: it never exits by itself
-    hvd.allreduce(np.ones(1 << 15, np.float32), name=f"t{i % 4}")
+    if sys.argv[1] == "async":   # the request reaches rank 0 from the engine's drive loop, not the caller
+        hvd.synchronize(hvd.allreduce_async(np.ones(1 << 15, np.float32), name=f"t{i % 4}"))
+    else:
+        hvd.allreduce(np.ones(1 << 15, np.float32), name=f"t{i % 4}")
 """
 
 
-def test_a_frozen_rank_is_named_as_the_cause_not_the_first_rank_to_exit(hvdrun, script):
-    result = hvdrun(["-np", "3", "python", script(FREEZE_WORKER)],
+# Rank 0 sees rank 1 frozen, tells the others why and closes; a survivor whose own send to rank 0 fails first must
+# still report rank 0's reason (it reads what rank 0 sent before closing), not the broken pipe.
+@pytest.mark.parametrize("call", ["blocking", "async"])
+def test_a_frozen_rank_is_named_as_the_cause_not_the_first_rank_to_exit(hvdrun, script, call):
+    result = hvdrun(["-np", "3", "python", script(FREEZE_WORKER), call],
                     env=child_env(HOROVOD_TRANSPORT="tcp", HOROVOD_GLOO_TIMEOUT_SECONDS="3"))
     assert result.returncode == 1, result.stderr[-3000:]
     err = result.stderr
