@@ -312,7 +312,11 @@ def test_a_collective_that_never_completes_fails_every_rank(tmp_path):
     """Items 3, 4, 11: rank 1's second collective never completes on its GPU (rank 0's then waits for it for ever,
     too).  poll() says False while the GPU works, commit() refuses to save, and within the timeout every rank
     fails the pending handle with the watchdog's message, aborts its communicators, and fails the next collective."""
-    env = standin.env(tmp_path, HOROVOD_GPU_OPERATION_TIMEOUT_SECONDS="3", STANDIN_NCCL_WAIT="2")
+    # STANDIN_NCCL_WAIT bounds how long rank 0's stuck call blocks waiting for rank 1 (the stand-in's streams are
+    # synchronous), and must stay below the watchdog's timeout; it is also how far apart the ranks may reach the
+    # first collective (warm) and still have it complete: 2 s was too little on a loaded CI machine (warm itself
+    # then never completed and the watchdog rightly named it).
+    env = standin.env(tmp_path, HOROVOD_GPU_OPERATION_TIMEOUT_SECONDS="8", STANDIN_NCCL_WAIT="5")
     results = run_ranks(_hang_job, 2, env=env, timeout=240, rank_env_overrides={1: {"STANDIN_NCCL_FAIL": "hang:2"}})
     for rank, (polled, committed, waited, after, aborted, busy) in enumerate(results):
         assert polled is False, (rank, "poll() was True before the GPU finished")
