@@ -128,10 +128,6 @@ class Driver:
                 if self.follower.obey_shutdown(message):
                     break
 
-    def holding(self) -> bool:
-        """Rank 0 holds ready responses for a cycle-time window."""
-        return self.coordination is not None and bool(self.coordination.held)
-
     def needs_background(self) -> bool:
         """Whether progress must continue without a waiting caller."""
         state = self.state
@@ -145,8 +141,7 @@ class Driver:
         coord, coordination = state.coordinator, self.coordination
         if coord is None or coordination is None:
             return False   # only rank 0 coordinates
-        # Rank 0 serves process sets it is not a member of, and holds responses during a cycle-time window
-        # (:meth:`holding`, read directly: this runs after every collective).
+        # Rank 0 serves process sets it is not a member of, and holds ready responses during a cycle-time window.
         return bool(coordination.held) or coord.has_ready() or state.serves_outsiders
 
     def call_background(self) -> None:
