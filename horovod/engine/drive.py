@@ -224,7 +224,7 @@ class Driver:
         """Wait up to ``timeout`` for control traffic, then negotiate and execute what is ready."""
         state = self.state
         coord = state.coordinator
-        if self.outbox:
+        if self.outbox.queued:
             try:
                 self.outbox.flush()
             except PeerError:

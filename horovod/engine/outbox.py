@@ -29,9 +29,6 @@ class Outbox:
         self._lock = threading.Lock()   # held while flushing: concurrent flushers must not reorder requests
         self._invalidations: List[int] = []   # rank 0: slots every rank must drop, sent with the next message
 
-    def __bool__(self) -> bool:
-        return bool(self.queued)
-
     def add(self, requests: List[Request]) -> bool:
         """Queue ``requests``; True when the outbox was empty before."""
         with self._lock:
