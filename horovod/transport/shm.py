@@ -218,7 +218,7 @@ class ShmTransport(ShmGroup):
         if self.size == 1 or buf.size == 0:
             return
         self._enter("broadcast")
-        data, hb = _byte_view(buf), self._half_bytes
+        data, hb = _byte_view(buf), self._broadcast_piece
         for off in range(0, data.size, hb):
             m = min(hb, data.size - off)
             if self.rank == root:
