@@ -129,16 +129,15 @@ class ShmLane:
             return False, None
         assert own is not None, "fast lane used after release()"
         digest = own[DIGEST[0]] if own[SEQ[0]] == seq else own[DIGEST[1]]
-        found: List[int] = []
-        for q in range(self.size):
-            f = fields[q]
+        payloads: List[memoryview] = []
+        for f, records in zip(fields, self._payloads):
             k = 0 if f[SEQ[0]] == seq else 1 if f[SEQ[1]] == seq else -1
             # a closed rank that never posted ``seq`` has no record for it: slow
             if k < 0 or f[POSTED] < seq or f[DIGEST[k]] != digest:
                 self.done_reading()
                 return True, None
-            found.append(k)
-        return True, [self._payloads[q][k][:fields[q][NBYTES[k]]] for q, k in enumerate(found)]
+            payloads.append(records[k][:f[NBYTES[k]]])
+        return True, payloads
 
     def done_reading(self) -> None:
         """This rank read the payloads of its fast entry: the others may overwrite their records."""
