@@ -22,7 +22,6 @@ from horovod.engine.job import JobLinks
 from horovod.engine.runtime import Runtime
 from horovod.transport import sockets
 from horovod.transport.cpus import bind_process
-from horovod.transport.spin import default_budget_us
 from horovod.transport.base import REGISTRY, Bootstrap, LocalTransport, TransportOptions
 
 logger = logging.getLogger(__name__)
@@ -195,7 +194,7 @@ def _start(config: Config, process_sets: Sequence[Sequence[int]] = (), generatio
         control.close()
         raise
     try:
-        board, lane = boards.open_boards(config, world, boot, default_budget_us(topo.local_size, config.spin_us))
+        board, lane = boards.open_boards(config, world, boot, config.spin_budget_us)
     except Exception:
         world.close()
         control.close()

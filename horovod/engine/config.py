@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
 from horovod.engine.knobs import MIB, Knob, knob, table
+from horovod.transport.spin import default_budget_us
 
 #: Upper limit of the byte-count knobs (1 TiB): far above any sensible buffer, far below an overflow.
 MAX_BYTES = 1 << 40
@@ -229,6 +230,12 @@ class Config:
         # load() has checked what it read, naming the variable; this catches replace() and direct construction.
         for k in KNOBS:
             k.check(getattr(self, k.name))
+
+    @property
+    def spin_budget_us(self) -> float:
+        """How long a waiting rank re-checks before it sleeps: ``spin_us`` when every rank of this host has a core
+        of its own, else 0 (the one rule for the engine's drive loop and its boards)."""
+        return default_budget_us(self.topology.local_size, self.spin_us)
 
     @property
     def values(self) -> Dict[str, Any]:

@@ -46,7 +46,7 @@ from horovod.engine.teardown import Teardown
 from horovod.engine.timeline import Timeline
 from horovod.engine.warm import WarmPath
 from horovod.transport.base import Transport
-from horovod.transport.spin import Spinner, default_budget_us
+from horovod.transport.spin import Spinner
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Runtime:
         sets: Dict[int, ProcessSetInfo] = {0: ProcessSetInfo(0, range(size), world)}
         executor = Executor(rank, {0: sets[0].ranks}, lambda set_id: state.transport_for(set_id), config)
         timeline = Timeline.create(config, rank, world.name)
-        spinner = Spinner(default_budget_us(config.topology.local_size, config.spin_us))
+        spinner = Spinner(config.spin_budget_us)
         lane = FastLane.open(lane_board, config, size)
         warm = WarmPath.open(round_board, config, size, control, timeline.enabled, rank == 0)
         state = self.state = EngineState(
