@@ -30,7 +30,7 @@ from horovod.engine import config as knobs
 from horovod.engine import device as devices
 from horovod.engine import ops
 from horovod.engine.device import DeviceArray, DeviceBackend
-from horovod.engine.device_nccl import NcclRun, mark_done
+from horovod.engine.device_nccl import mark_done, nccl_run
 from horovod.engine.device_watchdog import Pending, Settled, Watchdog
 from horovod.engine.handles import DeviceEntry, Entry, HostEntry
 from horovod.engine.messages import Response
@@ -154,9 +154,9 @@ class DeviceExecutor:
                 backend.wait(stream, entry.tensor.ready)
                 backend.release(entry.tensor.ready)   # the wait captured it: the event may be recorded anew
                 entry.tensor.ready = None
-        run = NcclRun(self, backend, device, stream, index, comm, resp)
         try:
-            results = run.execute(entries)
+            results = nccl_run(backend, device, stream, comm, resp, self.host.set_ranks[resp.process_set],
+                               lambda nbytes: self.fusion_buffer(backend, device, index, nbytes, stream), entries)
         except NcclError as exc:
             raise TransportError(f"NCCL {ops.KIND_NAMES.get(resp.kind, resp.kind)} of {resp.names[:3]} failed on "
                                  f"rank {self.host.rank}: {exc}") from exc
