@@ -11,7 +11,7 @@ side knows which the other is.  Adasum, barrier and the coordinator's inline res
 from __future__ import annotations
 
 from math import prod
-from typing import Any, Callable, List, Optional, Protocol, Sequence, TypeVar
+from typing import Any, Callable, FrozenSet, List, Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,8 @@ F_in = TypeVar("F_in", contravariant=True)
 
 class Memory(Protocol[A]):
     """Flat element pieces of C-contiguous arrays in one memory (see :mod:`horovod.engine.memory`)."""
+
+    widens: FrozenSet[str]   # the dtypes it reduces in a wider one (host: bfloat16 in float32)
 
     def reduce_dtype(self, dtype: str) -> str: ...
     def flat(self, a: A) -> A: ...
@@ -93,20 +95,21 @@ def _pieces(mem: Memory[A], buf: A, counts: Sequence[int]) -> List[A]:
 def allreduce(mem: Memory[A], plane: DataPlane[A, F], resp: Response, entries: Sequence[Optional[Entry[Any]]],
               op: str, finish: Optional[F]) -> List[object]:
     single = entries[0] if len(entries) == 1 else None
-    if single is not None and mem.reduce_dtype(resp.dtype) == resp.dtype:
+    if single is not None and resp.dtype not in mem.widens:
         tensor = single.input()
         out = single.output
         if out is None:
             out = single.output = mem.empty_like(tensor)
-        src = tensor
+        dst = mem.flat(out)
         separate = out is not tensor and not mem.overlaps(out, tensor)
-        if not separate or resp.prescale != 1.0:
-            if separate:
-                mem.copy(mem.flat(out), mem.flat(tensor))
-            mem.scale(out, resp.prescale)
-            src = out
-        # Else reduced straight from the input into the result: one pass over memory less than copy + in place.
-        plane.allreduce_into(mem.flat(src), mem.flat(out), op, finish)
+        if separate and resp.prescale == 1.0:
+            # Reduced straight from the input into the result: one pass over memory less than copy + in place.
+            plane.allreduce_into(mem.flat(tensor), dst, op, finish)
+            return [out]
+        if separate:
+            mem.copy(dst, mem.flat(tensor))
+        mem.scale(dst, resp.prescale)
+        plane.allreduce_into(dst, dst, op, finish)
         return [out]
     counts = [prod(s) for s in resp.shapes]
     buf = mem.fusion(sum(counts), mem.reduce_dtype(resp.dtype))
@@ -131,7 +134,7 @@ def reducescatter(mem: Memory[A], plane: DataPlane[A, F], resp: Response,
     rows = [ops.row_elems(shape) for shape in resp.shapes]
     counts = [sum(sp[p] * r for sp, r in zip(splits, rows)) for p in range(size)]
     single = entries[0] if len(entries) == 1 else None
-    direct = single is not None and mem.reduce_dtype(resp.dtype) == resp.dtype   # received into the output
+    direct = single is not None and resp.dtype not in mem.widens   # received into the output
     if direct and single is not None and single.tensor is not None and resp.prescale == 1.0:
         send = mem.flat(single.tensor)   # one tensor's rows are already its blocks in rank order: no staging
     else:

@@ -7,7 +7,7 @@ copies are batched into one launch and only enqueued.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, FrozenSet, Optional, Sequence
 
 import numpy as np
 
@@ -25,6 +25,7 @@ class HostMemory:
     The single-tensor paths call these per collective: the plain ones are numpy's and the result pool's own
     functions, not wrappers, so the host's hot path pays no extra Python call for the shared algorithms."""
 
+    widens = frozenset((ops.BFLOAT16,))
     flat = staticmethod(_flat)
     empty_like = staticmethod(result_pool.empty_like)
     overlaps = staticmethod(np.shares_memory)
@@ -103,9 +104,11 @@ class DeviceMemory:
         self.backend, self.device, self.stream, self.dtype = backend, device, stream, dtype
         self._fusion_bytes = fusion_bytes
 
+    widens: FrozenSet[str] = frozenset()   # NCCL reduces bfloat16 natively
+
     @staticmethod
     def reduce_dtype(dtype: str) -> str:
-        return dtype   # NCCL reduces every dtype it can reduce natively (bfloat16 included)
+        return dtype
 
     @staticmethod
     def flat(a: DeviceArray) -> DeviceArray:
