@@ -1,22 +1,27 @@
 """One device response on NCCL: the shared algorithms (:mod:`horovod.engine.algorithms`) over device memory
 (:class:`~horovod.engine.memory.DeviceMemory`) and NCCL as their data plane, all enqueued on the engine's stream (no
-host waits).
+host waits, but for a hierarchical allreduce's step across hosts).
 
 :class:`NcclPlane` gives NCCL the CPU transports' operations on device arrays.  Reductions scale and finish on the
 device (``ncclAvg`` for floats); data movement runs on bytes, so every dtype moves: ragged allgathers are grouped
 ``ncclBroadcast``s into place, alltoall is grouped ``ncclSend``/``ncclRecv``, uneven reducescatters are grouped
-``ncclReduce``s to each block's owner.
+``ncclReduce``s to each block's owner.  :class:`HierarchicalPlane` composes NCCL inside a host with the CPU
+transport across hosts for allreduce (``HOROVOD_HIERARCHICAL_ALLREDUCE``).
 """
 from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from horovod.engine import algorithms, ops
 from horovod.engine.device import DeviceArray, DeviceBackend
 from horovod.engine.handles import DeviceEntry
-from horovod.engine.memory import DeviceFinish, DeviceMemory
+from horovod.engine.memory import DeviceFinish, DeviceMemory, PinnedStage
 from horovod.engine.messages import Response
 from horovod.transport import nccl
+from horovod.transport.base import Transport
+from horovod.transport.hierarchical import even_counts
 
 
 def mark_done(entries: Sequence[Optional[DeviceEntry]], results: Sequence[object], done: Any) -> None:
@@ -117,15 +122,61 @@ class NcclPlane:
                 received += n_recv
 
 
+class HierarchicalPlane(NcclPlane):
+    """Allreduce as the original's ``HOROVOD_HIERARCHICAL_ALLREDUCE`` on GPUs: the host's ranks reduce-scatter on
+    NCCL, each allreduces its shard across hosts on the CPU transport (over the ranks with its place in their host)
+    through pinned host memory, and the host's ranks allgather the shards on NCCL; only ``1 / local_size`` of the
+    data crosses hosts from each rank.  Every other operation runs on the flat communicator (``comm``).
+    """
+
+    def __init__(self, comm: nccl.NcclComm, handle: int, dtype: str, local: NcclPlane, cross: Transport,
+                 memory: DeviceMemory, stage: PinnedStage):
+        super().__init__(comm, handle, dtype)
+        self.local, self.cross, self.memory, self.stage = local, cross, memory, stage
+
+    def averages(self, resp: Response) -> bool:
+        return False   # ncclAvg inside the host would divide by the host's ranks only: Average finishes after
+
+    def allreduce_into(self, src: DeviceArray, dst: DeviceArray, op: str,
+                       finish: Optional[DeviceFinish] = None) -> None:
+        local, memory = self.local, self.memory
+        counts = even_counts(dst.size, local.size)
+        shard = memory.piece(dst, sum(counts[:local.rank]), counts[local.rank])   # in place, where the allgather
+        local.reducescatter(src, shard, counts, op)                                # sends it from
+        if shard.size:
+            backend, stream = memory.backend, memory.stream
+            host = self.stage.get(backend, stream, shard.nbytes)[:shard.nbytes].view(shard.dtype)
+            backend.to_host(host, shard, stream)
+            backend.synchronize(stream)   # the CPU transport reads it now
+            if self.dtype == ops.BFLOAT16:   # the CPU transports reduce bfloat16 in float32, as the host path does
+                wide = np.empty(host.size, np.float32)
+                ops.bf16_to_f32(host, wide)
+                self.cross.allreduce_into(wide, wide, op)
+                ops.f32_to_bf16(wide, host)
+            else:
+                self.cross.allreduce_into(host, host, op)
+            backend.to_device(shard, host, stream)
+        local.allgatherv(shard, dst, counts)
+        if finish is not None:
+            finish(dst)
+
+
 def nccl_run(backend: DeviceBackend, device: int, stream: Any, comm: nccl.NcclComm, resp: Response,
              set_ranks: Sequence[int], fusion_bytes: Callable[[int], DeviceArray],
-             entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
+             entries: Sequence[Optional[DeviceEntry]],
+             hierarchy: Optional[Tuple[nccl.NcclComm, Transport, PinnedStage]] = None) -> List[object]:
     """Run ``resp`` on NCCL: device memory on the engine's ``stream``, NCCL as the data plane, the shared algorithms
     (``set_ranks``: the set's global ranks, which name a broadcast's root; ``fusion_bytes(n)``: the stream's
-    reusable fusion buffer of at least ``n`` bytes)."""
+    reusable fusion buffer of at least ``n`` bytes; ``hierarchy``: a communicator inside this host, the CPU transport
+    across hosts and the pinned buffer between them, for a hierarchical allreduce)."""
     keep_alive_once(entries, backend, stream)
     memory = DeviceMemory(backend, device, stream, resp.dtype, fusion_bytes)
-    plane = NcclPlane(comm, backend.stream_handle(stream), resp.dtype)
+    handle = backend.stream_handle(stream)
+    plane = NcclPlane(comm, handle, resp.dtype)
+    if hierarchy is not None and resp.kind == ops.ALLREDUCE:
+        local, cross, stage = hierarchy
+        plane = HierarchicalPlane(comm, handle, resp.dtype, NcclPlane(local, handle, resp.dtype), cross, memory,
+                                  stage)
     op, finish = "", None
     if resp.kind in (ops.ALLREDUCE, ops.REDUCESCATTER):
         averaged = plane.averages(resp)

@@ -78,6 +78,21 @@ class HostMemory:
         a[...] = 0
 
 
+class PinnedStage:
+    """A reusable page-locked host buffer that device memory is staged through, used on one stream only (grown on
+    demand)."""
+
+    def __init__(self) -> None:
+        self._raw = np.empty(0, np.uint8)
+
+    def get(self, backend: DeviceBackend, stream: object, nbytes: int) -> np.ndarray:
+        if self._raw.nbytes < nbytes:
+            # The last copy back to the device may still read the old buffer: let it finish before it is freed.
+            backend.synchronize(stream)
+            self._raw = backend.pinned(max(nbytes, 2 * self._raw.nbytes))
+        return self._raw
+
+
 class DeviceFinish:
     """Postscale, then Average's division, enqueued on the device after the data plane wrote the whole result."""
 
