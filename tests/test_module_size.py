@@ -22,8 +22,10 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # out the dead code it found. Session 11 raised it by 650 for the fast lane over TCP (horovod/engine/tcp_lane.py and
 # lane_links.py: the lane across hosts and on the tcp and mpi transports, one exchange per lone blocking collective
 # instead of the coordinator's round trip plus the data plane; the rest for the GPU watchdog failing work tracked
-# after the plane failed).
-CORE_BUDGET = 16750
+# after the plane failed). Issue 36 raised it by 85 for hierarchical allreduce on GPUs (HierarchicalPlane in
+# horovod/engine/device_nccl.py, the set's host communicators in device_executor.py), after the host and NCCL
+# executors' two copies of the per-kind algorithms became one (horovod/engine/algorithms.py, memory.py: net +7).
+CORE_BUDGET = 16835
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {

@@ -17,12 +17,13 @@ response order, so every member does it at the same point) on how the set's devi
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import socket
 import time
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, DefaultDict, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -30,12 +31,14 @@ from horovod.engine import config as knobs
 from horovod.engine import device as devices
 from horovod.engine import ops
 from horovod.engine.device import DeviceArray, DeviceBackend
-from horovod.engine.device_nccl import NcclRun, mark_done
+from horovod.engine.device_nccl import mark_done, nccl_run
 from horovod.engine.device_watchdog import Pending, Settled, Watchdog
 from horovod.engine.handles import DeviceEntry, Entry, HostEntry
+from horovod.engine.memory import PinnedStage
 from horovod.engine.messages import Response
 from horovod.transport import nccl
-from horovod.transport.base import TransportError
+from horovod.transport.base import Transport, TransportError
+from horovod.transport.hierarchical import host_groups, node_key
 from horovod.transport.nccl_lib import MULTI_RANK_GPU_VERSION, NcclError, NcclLibrary, NcclUnavailable, load
 
 logger = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ class DeviceOptions:
     operation_timeout: float = 600.0   # HOROVOD_GPU_OPERATION_TIMEOUT_SECONDS (the watchdog)
     init_timeout: float = 30.0      # HOROVOD_GLOO_TIMEOUT_SECONDS: creating and connecting communicators
     fusion_cap: int = 128 << 20     # HOROVOD_FUSION_THRESHOLD: the device fusion buffer doubles up to this
+    hierarchical: bool = False      # HOROVOD_HIERARCHICAL_ALLREDUCE: NCCL inside hosts, the CPU transport across
 
     @classmethod
     def from_config(cls, config: Any) -> "DeviceOptions":
@@ -64,7 +68,8 @@ class DeviceOptions:
                    bool(getattr(config, "nccl_multi_rank_gpu", False)),
                    float(getattr(config, "gpu_operation_timeout_seconds", 600.0)),
                    float(getattr(config, "gloo_timeout_seconds", 30) or 30),
-                   int(getattr(config, "fusion_threshold", 128 << 20) or (64 << 20)))
+                   int(getattr(config, "fusion_threshold", 128 << 20) or (64 << 20)),
+                   bool(getattr(config, "hierarchical_allreduce", False)))
 
 
 @dataclasses.dataclass
@@ -77,6 +82,10 @@ class SetPlane:
     # Which communicator the set's next collective takes: per set, so that every member of the set picks the same
     # one for the same response (one counter per executor, bumped by other sets' responses, made members differ).
     turn: int = 0
+    # Hierarchical allreduce: per stream, a communicator over this host's members, and the CPU transport over the
+    # members with this rank's place in its host (empty and None: allreduce runs on the flat communicators).
+    local: List[nccl.NcclComm] = dataclasses.field(default_factory=list)
+    cross: Optional[Transport] = None
 
 
 def _identity(host: str, device_id: str) -> int:
@@ -123,7 +132,8 @@ class DeviceExecutor:
         self._streams: Dict[Tuple[int, int], Any] = {}
         self._fusion: Dict[Tuple[int, int], DeviceArray] = {}
         self._fusion_need: Dict[Tuple[int, int], Tuple[int, int]] = {}   # (largest need, uses) since last check
-        self._pinned = np.empty(0, np.uint8)
+        # Per stream: the pinned buffer of host staging and of a hierarchical allreduce's step across hosts.
+        self._stages: DefaultDict[Tuple[int, int], PinnedStage] = collections.defaultdict(PinnedStage)
         self._implicit_order = False
         self._last: Optional[Tuple[int, Any]] = None   # (stream index, done event) of the last NCCL collective
         self.watchdog = Watchdog(options.operation_timeout, self._abort_all, self._failed,
@@ -154,9 +164,11 @@ class DeviceExecutor:
                 backend.wait(stream, entry.tensor.ready)
                 backend.release(entry.tensor.ready)   # the wait captured it: the event may be recorded anew
                 entry.tensor.ready = None
-        run = NcclRun(self, backend, device, stream, index, comm, resp)
+        hierarchy = None if plane.cross is None else (plane.local[index], plane.cross, self._stages[(device, index)])
         try:
-            results = run.execute(entries)
+            results = nccl_run(backend, device, stream, comm, resp, self.host.set_ranks[resp.process_set],
+                               lambda nbytes: self.fusion_buffer(backend, device, index, nbytes, stream), entries,
+                               hierarchy)
         except NcclError as exc:
             raise TransportError(f"NCCL {ops.KIND_NAMES.get(resp.kind, resp.kind)} of {resp.names[:3]} failed on "
                                  f"rank {self.host.rank}: {exc}") from exc
@@ -164,7 +176,7 @@ class DeviceExecutor:
         mark_done(entries, results, done)
         if len(plane.comms) > 1:
             self._last = (index, done)
-        self._track(resp, entries, done, backend, [comm])
+        self._track(resp, entries, done, backend, [comm] + ([plane.local[index]] if hierarchy else []))
         return results
 
     def _track(self, resp: Response, entries: Sequence[Optional[DeviceEntry]], done: Any, backend: DeviceBackend,
@@ -195,8 +207,8 @@ class DeviceExecutor:
         """A removed process set: its communicators are destroyed once the GPU finished their work."""
         plane = self._planes.pop(set_id, None)
         if plane is not None and plane.comms:
-            self._retired.extend(plane.comms)
-            plane.comms = []
+            self._retired.extend(plane.comms + plane.local)
+            plane.comms, plane.local = [], []
             self._reap()
 
     def _reap(self) -> None:
@@ -209,7 +221,8 @@ class DeviceExecutor:
                 logger.debug("destroying a removed set's NCCL communicator failed", exc_info=True)
 
     def _abort_all(self) -> None:
-        for comm in [c for plane in list(self._planes.values()) for c in plane.comms] + list(self._retired):
+        planes = list(self._planes.values())
+        for comm in [c for plane in planes for c in plane.comms + plane.local] + list(self._retired):
             comm.abort()
 
     def _failed(self, error: BaseException) -> None:
@@ -239,7 +252,7 @@ class DeviceExecutor:
             self.watchdog.abandon(f"the engine of rank {self.host.rank} ended after a failure"
                                   + (f" ({reason})" if reason else ""))
         self.watchdog.stop()
-        for comm in [c for plane in self._planes.values() for c in plane.comms] + self._retired:
+        for comm in [c for plane in self._planes.values() for c in plane.comms + plane.local] + self._retired:
             try:
                 comm.abort() if abort else comm.destroy()
             except Exception:   # teardown must not mask the error that caused it
@@ -281,11 +294,13 @@ class DeviceExecutor:
         wants = self.options.operations != HOST and backend.nccl_capable
         lib = self._library() if wants else None
         version = lib.version_code if lib is not None else 0
+        host = node_key(knobs.environ().get("HOROVOD_HOSTNAME") or socket.gethostname())
         mine = np.array([version, int(wants), _identity(socket.gethostname(), backend.device_id(device)),
-                         int(self.options.multi_rank_gpu)], dtype=np.int64)
-        records = np.empty(4 * transport.size, dtype=np.int64)
-        transport.allgatherv(mine, records, [4] * transport.size)
-        mode, reason = choose_mode(records.reshape(transport.size, 4), transport.size)
+                         int(self.options.multi_rank_gpu), _identity(host, ""), int(self.options.hierarchical)],
+                        dtype=np.int64)
+        records = np.empty(6 * transport.size, dtype=np.int64).reshape(transport.size, 6)
+        transport.allgatherv(mine, records.reshape(-1), [6] * transport.size)
+        mode, reason = choose_mode(records[:, :4], transport.size)
         if mode == HOST and self.options.operations == NCCL:
             raise NcclUnavailable(f"HOROVOD_GPU_OPERATIONS=NCCL, but NCCL cannot serve process set {set_id}: "
                                   f"{reason}" + (f" ({self._lib_error})" if self._lib_error else ""))
@@ -296,8 +311,20 @@ class DeviceExecutor:
                                set_id, reason)
         else:
             plane.comms = self._communicators(self._loaded(), transport, set_id)
+            if records[:, 5].all():   # every member asked for it (HOROVOD_HIERARCHICAL_ALLREDUCE=1)
+                self._hierarchy(plane, transport, [str(h) for h in records[:, 4].tolist()], set_id)
         self._planes[set_id] = plane
         return plane
+
+    def _hierarchy(self, plane: SetPlane, transport: Transport, hosts: List[str], set_id: int) -> None:
+        """Communicators inside this host and the CPU transport across hosts, when the set spans hosts with the
+        same number (more than one) of members each; otherwise allreduce stays on the flat communicators."""
+        groups = host_groups(hosts)
+        if len(groups) < 2 or len({len(g) for g in groups}) != 1 or len(groups[0]) < 2:
+            return
+        mine = next(g for g in groups if transport.rank in g)
+        plane.local = self._communicators(self._loaded(), transport.subgroup(mine), set_id)
+        plane.cross = transport.subgroup([g[mine.index(transport.rank)] for g in groups])
 
     def _loaded(self) -> NcclLibrary:
         """The NCCL library of a set in NCCL mode (which every member, this one included, could load)."""
@@ -383,11 +410,7 @@ class DeviceExecutor:
         """Copy inputs to pinned host memory, run the host executor, copy results back."""
         stream = self._stream(backend, device, 0)
         total = sum(e.tensor.nbytes for e in entries if e is not None and e.tensor is not None)
-        if self._pinned.nbytes < total:
-            # The previous response's copies back to the device may still read the old buffer: let them finish
-            # before it is freed.
-            backend.synchronize(stream)
-            self._pinned = backend.pinned(max(total, 2 * self._pinned.nbytes))
+        pinned = self._stages[(device, 0)].get(backend, stream, total)
         host_entries: List[Optional[HostEntry]] = []
         offset = 0
         for entry in entries:
@@ -400,7 +423,7 @@ class DeviceExecutor:
                 continue
             if src.ready is not None:
                 backend.wait(stream, src.ready)
-            host = self._pinned[offset:offset + src.nbytes].view(src.dtype).reshape(src.shape)
+            host = pinned[offset:offset + src.nbytes].view(src.dtype).reshape(src.shape)
             offset += src.nbytes
             backend.to_host(host, src, stream)
             inplace = entry.output is entry.tensor

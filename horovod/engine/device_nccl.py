@@ -1,22 +1,27 @@
-"""One device response on NCCL: the per-kind algorithms over a :class:`~horovod.engine.device.DeviceBackend`'s
-memory operations and an NCCL communicator, all enqueued on the engine's stream (no host waits).
+"""One device response on NCCL: the shared algorithms (:mod:`horovod.engine.algorithms`) over device memory
+(:class:`~horovod.engine.memory.DeviceMemory`) and NCCL as their data plane, all enqueued on the engine's stream (no
+host waits, but for a hierarchical allreduce's step across hosts).
 
-Reductions fuse into a device buffer, scale and finish on the device (``ncclAvg`` for floats); data movement runs on
-bytes, so every dtype moves: ragged allgathers are grouped ``ncclBroadcast``s into place, alltoall is grouped
-``ncclSend``/``ncclRecv``, uneven reducescatters are grouped ``ncclReduce``s to each block's owner.
+:class:`NcclPlane` gives NCCL the CPU transports' operations on device arrays.  Reductions scale and finish on the
+device (``ncclAvg`` for floats); data movement runs on bytes, so every dtype moves: ragged allgathers are grouped
+``ncclBroadcast``s into place, alltoall is grouped ``ncclSend``/``ncclRecv``, uneven reducescatters are grouped
+``ncclReduce``s to each block's owner.  :class:`HierarchicalPlane` composes NCCL inside a host with the CPU
+transport across hosts for allreduce (``HOROVOD_HIERARCHICAL_ALLREDUCE``).
 """
 from __future__ import annotations
 
-from math import prod
-from typing import Any, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from horovod.engine import ops
+from horovod.engine import algorithms, ops
 from horovod.engine.device import DeviceArray, DeviceBackend
-from horovod.engine.handles import DeviceEntry, own_entries
+from horovod.engine.handles import DeviceEntry
+from horovod.engine.memory import DeviceFinish, DeviceMemory, PinnedStage
 from horovod.engine.messages import Response
 from horovod.transport import nccl
+from horovod.transport.base import Transport
+from horovod.transport.hierarchical import even_counts
 
 
 def mark_done(entries: Sequence[Optional[DeviceEntry]], results: Sequence[object], done: Any) -> None:
@@ -43,266 +48,140 @@ def keep_alive_once(entries: Sequence[Optional[DeviceEntry]], backend: DeviceBac
             backend.keep_alive(entry.output, stream)
 
 
-class NcclRun:
-    """One response on NCCL: the per-kind algorithms, over the backend's memory operations."""
+class NcclPlane:
+    """NCCL as a data plane: the CPU transports' operations on one response's device arrays (counts in elements of
+    ``dtype``), enqueued on the stream ``handle``.  Its ops are the transports' plus :data:`AVERAGE` (ncclAvg)."""
 
-    def __init__(self, owner: Any, backend: DeviceBackend, device: int, stream: Any, index: int,
-                 comm: nccl.NcclComm, resp: Response):
-        self.owner, self.backend, self.device, self.stream, self.index = owner, backend, device, stream, index
-        self.comm, self.resp = comm, resp
-        self.handle = backend.stream_handle(stream)
-        self.set_size = len(owner.host.set_ranks[resp.process_set])
+    AVERAGE = "average"
 
-    def execute(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
-        keep_alive_once(entries, self.backend, self.stream)
-        with self.backend.on_stream(self.stream):
-            return self._execute(entries)
+    def __init__(self, comm: nccl.NcclComm, handle: int, dtype: str):
+        self.comm, self.handle, self.dtype = comm, handle, dtype
+        self.rank, self.size = comm.rank, comm.size
+        self.item = ops.storage_dtype(dtype).itemsize
 
-    def _execute(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
-        kind = self.resp.kind
-        if kind == ops.ALLREDUCE:
-            return self._allreduce(entries)
-        if kind == ops.ALLGATHER:
-            return self._allgather(entries)
-        if kind == ops.BROADCAST:
-            return self._broadcast(entries)
-        if kind == ops.ALLTOALL:
-            return self._alltoall(entries)
-        if kind == ops.REDUCESCATTER:
-            return self._reducescatter(entries)
-        raise ValueError(f"no device implementation of response kind {kind}")
+    def averages(self, resp: Response) -> bool:
+        """Whether ncclAvg can do Average: for floats without a postscale only (integers keep the host path's
+        truncating division)."""
+        return (resp.op == ops.Average and resp.postscale == 1.0 and self.comm.lib.has_avg
+                and resp.dtype in ("float16", "float32", "float64", "bfloat16"))
 
-    # -- helpers --------------------------------------------------------------------------------------
-    def _empty(self, shape: Sequence[int], dtype: str) -> DeviceArray:
-        return self.backend.empty(tuple(shape), dtype, self.device, self.stream)
-
-    def _fusion(self, count: int, dtype: str) -> DeviceArray:
-        itemsize = ops.storage_dtype(dtype).itemsize
-        raw = self.owner.fusion_buffer(self.backend, self.device, self.index, count * itemsize, self.stream)
-        return self.backend.slice(raw, 0, count, dtype)
-
-    def _piece(self, buf: DeviceArray, start: int, count: int) -> DeviceArray:
-        return self.backend.slice(buf, start, count, self.resp.dtype)
-
-    def _pieces(self, buf: DeviceArray, counts: Sequence[int]) -> List[DeviceArray]:
-        out, offset = [], 0
-        for n in counts:
-            out.append(self._piece(buf, offset, n))
-            offset += n
-        return out
-
-    def _stage_in(self, entries: Sequence[Optional[DeviceEntry]], pieces: Sequence[DeviceArray]) -> None:
-        """Every tensor into its piece of the fusion buffer in one batched copy (zeros for a joined rank)."""
-        dsts, srcs = [], []
-        for entry, piece in zip(entries, pieces):
-            if entry is None or entry.tensor is None:
-                self.backend.fill_zero(piece, self.stream)
-            else:
-                dsts.append(piece)
-                srcs.append(entry.tensor)
-        if dsts:
-            self.backend.copy_many(dsts, srcs, self.stream)
-
-    def _copy_pairs(self, dsts: Sequence[object], srcs: Sequence[DeviceArray]) -> None:
-        """``dsts[i] <- srcs[i]`` in one batched copy, skipping ``None`` destinations."""
-        pairs = [(d, s) for d, s in zip(dsts, srcs) if isinstance(d, DeviceArray)]
-        if pairs:
-            self.backend.copy_many([d for d, _ in pairs], [s for _, s in pairs], self.stream)
-
-    def _output(self, entry: DeviceEntry, shape: Sequence[int]) -> DeviceArray:
-        if entry.output is None:
-            entry.output = self._empty(shape, self.resp.dtype)
-        return entry.output
-
-    def _finish_reduction(self, buf: DeviceArray, averaged: bool) -> None:
-        """Postscale, then Average's division (unless NCCL averaged already)."""
-        resp = self.resp
-        if resp.postscale != 1.0:
-            self.backend.scale(buf, resp.postscale, resp.dtype, self.stream)
-        if resp.op == ops.Average and not averaged:
-            self.backend.divide(buf, self.set_size, resp.dtype, self.stream)
-
-    def _reduce_args(self) -> Tuple[int, int, bool]:
-        """``(NCCL dtype, NCCL op, averaged by NCCL)``; ncclAvg only for floats without a postscale (integers
-        keep the host path's truncating division)."""
-        resp, lib = self.resp, self.comm.lib
-        dtype = nccl.reduction_dtype(resp.dtype, lib.has_avg)
+    def _reduction(self, op: str) -> Tuple[int, int]:
+        dtype = nccl.reduction_dtype(self.dtype, self.comm.lib.has_avg)
         if dtype is None:   # the device executor stages these through the host instead
-            raise ValueError(f"NCCL cannot reduce {resp.dtype} (tensors {resp.names[:3]}); an engine defect, please "
-                             f"report")
-        floating = resp.dtype in ("float16", "float32", "float64", "bfloat16")
-        if resp.op == ops.Average and floating and lib.has_avg and resp.postscale == 1.0:
-            return dtype, nccl.AVG, True
-        return dtype, nccl.reduction_op(ops.TRANSPORT_OP[resp.op], resp.dtype), False
+            raise ValueError(f"NCCL cannot reduce {self.dtype}; an engine defect, please report")
+        return dtype, nccl.AVG if op == self.AVERAGE else nccl.reduction_op(op, self.dtype)
 
-    # -- reductions -------------------------------------------------------------------------------------
-    def _allreduce(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
-        resp, backend, stream = self.resp, self.backend, self.stream
-        dtype, op, averaged = self._reduce_args()
-        if len(entries) == 1 and entries[0] is not None:
-            single = entries[0]
-            out = self._output(single, resp.shapes[0])
-            src = single.input()
-            if resp.prescale != 1.0:
-                if out is not src:
-                    backend.copy(out, src, stream)
-                backend.scale(out, resp.prescale, resp.dtype, stream)
-                src = out
-            self.comm.allreduce(src.ptr, out.ptr, out.size, dtype, op, self.handle)
-            self._finish_reduction(out, averaged)
-            return [out]
-        counts = [prod(s) for s in resp.shapes]
-        buf = self._fusion(sum(counts), resp.dtype)
-        pieces = self._pieces(buf, counts)
-        self._stage_in(entries, pieces)
-        if resp.prescale != 1.0:
-            backend.scale(buf, resp.prescale, resp.dtype, stream)
-        self.comm.allreduce(buf.ptr, buf.ptr, buf.size, dtype, op, self.handle)
-        self._finish_reduction(buf, averaged)
-        results: List[object] = [None if entry is None else self._output(entry, shape)
-                                 for entry, shape in zip(entries, resp.shapes)]
-        self._copy_pairs(results, pieces)
-        return results
+    def _at(self, a: DeviceArray, start: int) -> int:
+        return a.ptr + start * self.item
 
-    def _reducescatter(self, entries: Sequence[Optional[DeviceEntry]]) -> List[object]:
-        resp, backend, stream = self.resp, self.backend, self.stream
-        size, me = self.comm.size, self.comm.rank
-        dtype, op, averaged = self._reduce_args()
-        splits = [ops.split_rows(shape[0], size) for shape in resp.shapes]
-        rows = [ops.row_elems(shape) for shape in resp.shapes]
-        counts = [sum(sp[p] * r for sp, r in zip(splits, rows)) for p in range(size)]
-        single = entries[0] if len(entries) == 1 else None
-        if single is not None and single.tensor is not None and resp.prescale == 1.0:
-            send = single.tensor   # one tensor's rows are already its blocks in rank order: no staging
-        else:
-            send = self._fusion(sum(counts), resp.dtype)
-            dsts, srcs, offset = [], [], 0
-            for p in range(size):   # rank p's block: every tensor's p-th slice, in order
-                for entry, sp, r in zip(entries, splits, rows):
-                    n = sp[p] * r
-                    piece = self._piece(send, offset, n)
-                    if entry is None or entry.tensor is None:
-                        backend.fill_zero(piece, stream)
-                    elif n:
-                        dsts.append(piece)
-                        srcs.append(backend.slice(entry.tensor, sum(sp[:p]) * r, n, resp.dtype))
-                    offset += n
-            if dsts:
-                backend.copy_many(dsts, srcs, stream)
-            if resp.prescale != 1.0:
-                backend.scale(send, resp.prescale, resp.dtype, stream)
-        outs: List[object] = [None if entry is None else self._empty((sp[me],) + tuple(shape[1:]), resp.dtype)
-                              for entry, shape, sp in zip(entries, resp.shapes, splits)]
-        direct = single is not None and isinstance(outs[0], DeviceArray)
-        recv = cast(DeviceArray, outs[0]) if direct else self._empty((counts[me],), resp.dtype)
+    def allreduce_into(self, src: DeviceArray, dst: DeviceArray, op: str,
+                       finish: Optional[DeviceFinish] = None) -> None:
+        dtype, nop = self._reduction(op)
+        self.comm.allreduce(src.ptr, dst.ptr, dst.size, dtype, nop, self.handle)
+        if finish is not None:
+            finish(dst)
+
+    def reducescatter(self, send: DeviceArray, recv: DeviceArray, counts: Sequence[int], op: str) -> None:
+        dtype, nop = self._reduction(op)
         if len(set(counts)) == 1:
-            self.comm.reducescatter(send.ptr, recv.ptr, counts[0], dtype, op, self.handle)
-        else:   # uneven blocks: one reduce to each block's owner, grouped
-            with self.comm.group():
-                start = 0
-                for p, n in enumerate(counts):
-                    target = recv.ptr if p == me else self._piece(send, start, n).ptr
-                    self.comm.reduce(self._piece(send, start, n).ptr, target, n, dtype, op, p, self.handle)
-                    start += n
-        self._finish_reduction(recv, averaged)
-        if not direct:
-            self._copy_pairs(outs, self._pieces(recv, [sp[me] * r for sp, r in zip(splits, rows)]))
-        return outs
+            self.comm.reducescatter(send.ptr, recv.ptr, counts[0], dtype, nop, self.handle)
+            return
+        with self.comm.group():   # uneven blocks: one reduce to each block's owner, grouped
+            start = 0
+            for p, n in enumerate(counts):
+                target = recv.ptr if p == self.rank else self._at(send, start)
+                self.comm.reduce(self._at(send, start), target, n, dtype, nop, p, self.handle)
+                start += n
 
-    # -- data movement (as bytes: any dtype) -------------------------------------------------------------
-    def _allgather(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:
-        entries = own_entries(slots, "allgather")
-        resp, backend, stream = self.resp, self.backend, self.stream
-        size, me = self.comm.size, self.comm.rank
-        item = ops.storage_dtype(resp.dtype).itemsize
-        rows = [ops.row_elems(shape) for shape in resp.shapes]
-        outputs = [self._empty((sum(dims),) + tuple(shape[1:]), resp.dtype)
-                   for shape, dims in zip(resp.shapes, resp.first_dims)]
-        counts = [sum(dims[p] * r for dims, r in zip(resp.first_dims, rows)) for p in range(size)]
-        if len(entries) == 1:
-            send, recv = entries[0].input(), outputs[0]
-        else:
-            send = self._fusion(counts[me], resp.dtype)
-            mine = self._pieces(send, [dims[me] * r for dims, r in zip(resp.first_dims, rows)])
-            backend.copy_many(mine, [entry.input() for entry in entries], stream)
-            recv = self._empty((sum(counts),), resp.dtype)
+    def allgatherv(self, send: DeviceArray, recv: DeviceArray, counts: Sequence[int]) -> None:
         if len(set(counts)) == 1:
-            self.comm.allgather(send.ptr, recv.ptr, counts[0] * item, nccl.BYTES, self.handle)
-        else:   # ragged: every rank broadcasts its block into place, grouped
-            with self.comm.group():
-                start = 0
-                for p, n in enumerate(counts):
-                    if n:
-                        dst = self._piece(recv, start, n).ptr
-                        self.comm.broadcast(send.ptr if p == me else dst, dst, n * item, nccl.BYTES, p, self.handle)
-                    start += n
-        if len(entries) > 1:
-            dsts, srcs, offset = [], [], 0
-            cursors = [0] * len(outputs)
-            for p in range(size):
-                for i, (dims, r) in enumerate(zip(resp.first_dims, rows)):
-                    n = dims[p] * r
-                    if n:
-                        dsts.append(self._piece(outputs[i], cursors[i], n))
-                        srcs.append(self._piece(recv, offset, n))
-                    cursors[i] += n
-                    offset += n
-            if dsts:
-                backend.copy_many(dsts, srcs, stream)
-        return list(outputs)
+            self.comm.allgather(send.ptr, recv.ptr, counts[0] * self.item, nccl.BYTES, self.handle)
+            return
+        with self.comm.group():   # ragged: every rank broadcasts its block into place, grouped
+            start = 0
+            for p, n in enumerate(counts):
+                if n:
+                    dst = self._at(recv, start)
+                    self.comm.broadcast(send.ptr if p == self.rank else dst, dst, n * self.item, nccl.BYTES, p,
+                                        self.handle)
+                start += n
 
-    def _broadcast(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:
-        entries = own_entries(slots, "broadcast")
-        resp, backend, stream = self.resp, self.backend, self.stream
-        root = list(self.owner.host.set_ranks[resp.process_set]).index(resp.root)
-        item = ops.storage_dtype(resp.dtype).itemsize
-        is_root = self.comm.rank == root
-        outputs: List[DeviceArray] = []
-        for entry in entries:
-            tensor = entry.input()
-            out = self._output(entry, tensor.shape)
-            if out is not tensor and is_root:
-                backend.copy(out, tensor, stream)
-            outputs.append(out)
-        if len(entries) == 1:
-            out = outputs[0]
-            self.comm.broadcast(out.ptr, out.ptr, out.nbytes, nccl.BYTES, root, self.handle)
-            return [out]
-        counts = [prod(s) for s in resp.shapes]
-        buf = self._fusion(sum(counts), resp.dtype)
-        pieces = self._pieces(buf, counts)
-        if is_root:
-            backend.copy_many(pieces, [entry.input() for entry in entries], stream)
-        self.comm.broadcast(buf.ptr, buf.ptr, buf.size * item, nccl.BYTES, root, self.handle)
-        if is_root:   # the root's outputs hold its inputs already (copied above where they differ)
-            return list(outputs)
-        self._copy_pairs(outputs, pieces)
-        return list(outputs)
+    def broadcast(self, buf: DeviceArray, root: int) -> None:
+        self.comm.broadcast(buf.ptr, buf.ptr, buf.size * self.item, nccl.BYTES, root, self.handle)
 
-    def _alltoall(self, slots: Sequence[Optional[DeviceEntry]]) -> List[object]:
-        entries = own_entries(slots, "alltoall")
-        resp = self.resp
-        size, me = self.comm.size, self.comm.rank
-        item = ops.storage_dtype(resp.dtype).itemsize
-        results: List[object] = []
-        for entry, matrix in zip(entries, resp.splits):
-            tensor = entry.input()
-            shape = tensor.shape
-            r = ops.row_elems(shape)
-            send_rows = matrix[me]
-            recv_rows = [matrix[p][me] for p in range(size)]
-            out = self._empty((sum(recv_rows),) + tuple(shape[1:]), resp.dtype)
-            with self.comm.group():
-                sent = received = 0
-                for p in range(size):
-                    n_send, n_recv = send_rows[p] * r, recv_rows[p] * r
-                    if n_send:
-                        self.comm.send(self._piece(tensor, sent, n_send).ptr, n_send * item, nccl.BYTES, p,
-                                       self.handle)
-                    if n_recv:
-                        self.comm.recv(self._piece(out, received, n_recv).ptr, n_recv * item, nccl.BYTES, p,
-                                       self.handle)
-                    sent += n_send
-                    received += n_recv
-            results.append((out, np.asarray(recv_rows, dtype=np.int32)))
-        return results
+    def alltoallv(self, send: DeviceArray, send_counts: Sequence[int], recv: DeviceArray,
+                  recv_counts: Sequence[int]) -> None:
+        with self.comm.group():
+            sent = received = 0
+            for p, (n_send, n_recv) in enumerate(zip(send_counts, recv_counts)):
+                if n_send:
+                    self.comm.send(self._at(send, sent), n_send * self.item, nccl.BYTES, p, self.handle)
+                if n_recv:
+                    self.comm.recv(self._at(recv, received), n_recv * self.item, nccl.BYTES, p, self.handle)
+                sent += n_send
+                received += n_recv
+
+
+class HierarchicalPlane(NcclPlane):
+    """Allreduce as the original's ``HOROVOD_HIERARCHICAL_ALLREDUCE`` on GPUs: the host's ranks reduce-scatter on
+    NCCL, each allreduces its shard across hosts on the CPU transport (over the ranks with its place in their host)
+    through pinned host memory, and the host's ranks allgather the shards on NCCL; only ``1 / local_size`` of the
+    data crosses hosts from each rank.  Every other operation runs on the flat communicator (``comm``).
+    """
+
+    def __init__(self, comm: nccl.NcclComm, handle: int, dtype: str, local: NcclPlane, cross: Transport,
+                 memory: DeviceMemory, stage: PinnedStage):
+        super().__init__(comm, handle, dtype)
+        self.local, self.cross, self.memory, self.stage = local, cross, memory, stage
+
+    def averages(self, resp: Response) -> bool:
+        return False   # ncclAvg inside the host would divide by the host's ranks only: Average finishes after
+
+    def allreduce_into(self, src: DeviceArray, dst: DeviceArray, op: str,
+                       finish: Optional[DeviceFinish] = None) -> None:
+        local, memory = self.local, self.memory
+        counts = even_counts(dst.size, local.size)
+        shard = memory.piece(dst, sum(counts[:local.rank]), counts[local.rank])   # in place, where the allgather
+        local.reducescatter(src, shard, counts, op)                                # sends it from
+        if shard.size:
+            backend, stream = memory.backend, memory.stream
+            host = self.stage.get(backend, stream, shard.nbytes)[:shard.nbytes].view(shard.dtype)
+            backend.to_host(host, shard, stream)
+            backend.synchronize(stream)   # the CPU transport reads it now
+            if self.dtype == ops.BFLOAT16:   # the CPU transports reduce bfloat16 in float32, as the host path does
+                wide = np.empty(host.size, np.float32)
+                ops.bf16_to_f32(host, wide)
+                self.cross.allreduce_into(wide, wide, op)
+                ops.f32_to_bf16(wide, host)
+            else:
+                self.cross.allreduce_into(host, host, op)
+            backend.to_device(shard, host, stream)
+        local.allgatherv(shard, dst, counts)
+        if finish is not None:
+            finish(dst)
+
+
+def nccl_run(backend: DeviceBackend, device: int, stream: Any, comm: nccl.NcclComm, resp: Response,
+             set_ranks: Sequence[int], fusion_bytes: Callable[[int], DeviceArray],
+             entries: Sequence[Optional[DeviceEntry]],
+             hierarchy: Optional[Tuple[nccl.NcclComm, Transport, PinnedStage]] = None) -> List[object]:
+    """Run ``resp`` on NCCL: device memory on the engine's ``stream``, NCCL as the data plane, the shared algorithms
+    (``set_ranks``: the set's global ranks, which name a broadcast's root; ``fusion_bytes(n)``: the stream's
+    reusable fusion buffer of at least ``n`` bytes; ``hierarchy``: a communicator inside this host, the CPU transport
+    across hosts and the pinned buffer between them, for a hierarchical allreduce)."""
+    keep_alive_once(entries, backend, stream)
+    memory = DeviceMemory(backend, device, stream, resp.dtype, fusion_bytes)
+    handle = backend.stream_handle(stream)
+    plane = NcclPlane(comm, handle, resp.dtype)
+    if hierarchy is not None and resp.kind == ops.ALLREDUCE:
+        local, cross, stage = hierarchy
+        plane = HierarchicalPlane(comm, handle, resp.dtype, NcclPlane(local, handle, resp.dtype), cross, memory,
+                                  stage)
+    op, finish = "", None
+    if resp.kind in (ops.ALLREDUCE, ops.REDUCESCATTER):
+        averaged = plane.averages(resp)
+        op = plane.AVERAGE if averaged else ops.TRANSPORT_OP[resp.op]
+        finish = memory.finisher(ops.Sum if averaged else resp.op, resp.postscale, plane.size)
+    root = list(set_ranks).index(resp.root) if resp.kind == ops.BROADCAST else 0
+    with backend.on_stream(stream):
+        return algorithms.run(memory, plane, resp, entries, op, finish, root)

@@ -1,8 +1,9 @@
-"""Executes planned responses on a transport: fusion buffer in, collective, scaling, fusion buffer out.
+"""Executes planned responses: host arrays on the set's CPU transport, device arrays by the device executor.
 
-Runs only on the background thread.  A response names tensors; this rank's entries for them (or zeros, for a
-rank that has joined) are staged into one reusable fusion buffer, reduced or gathered by the transport, and
-copied out.  A single tensor that can be worked on in place skips the staging copies.
+Runs only on the background thread.  The per-kind algorithms (fusion buffer in, prescale, collective, finish,
+fusion buffer out) are :mod:`horovod.engine.algorithms`, shared with the NCCL path; here they run over host memory
+(:class:`~horovod.engine.memory.HostMemory`) with the transport as the data plane.  Adasum (recursive doubling on
+the transport) and the coordinator's inline results of tiny allreduces are the host's own.
 """
 from __future__ import annotations
 
@@ -11,24 +12,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from horovod.engine import ops, result_pool
-from horovod.engine.handles import Entry, HostEntry, own_entries
+from horovod.engine import algorithms, ops, result_pool
+from horovod.engine.handles import Entry, HostEntry
+from horovod.engine.memory import HostMemory
 from horovod.engine.messages import Response
 from horovod.transport.base import Transport
-
-
-class FusionBuffer:
-    """One reusable byte buffer per process (grown on demand, never shrunk below the last need)."""
-
-    def __init__(self) -> None:
-        self._raw = np.empty(0, dtype=np.uint8)
-
-    def get(self, count: int, dtype: np.dtype) -> np.ndarray:
-        nbytes = count * dtype.itemsize
-        if self._raw.nbytes < nbytes:
-            self._raw = np.empty(max(nbytes, 2 * self._raw.nbytes if self._raw.nbytes < (64 << 20) else nbytes),
-                                 dtype=np.uint8)
-        return self._raw[:nbytes].view(dtype)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -44,7 +32,6 @@ def deliver_inline(entry: HostEntry, payload: bytes, dtype: str, shape: Sequence
     return entry.output
 
 
-_row_elems = ops.row_elems
 split_rows = ops.split_rows
 
 
@@ -62,7 +49,7 @@ class Executor:
         self.rank = rank
         self.set_ranks = set_ranks
         self.transport_for = transport_for
-        self.fusion = FusionBuffer()
+        self.memory = HostMemory()   # and its fusion buffer
         self.config = config
         self.timeline_of: Callable[[], Any] = lambda: None   # the runtime's current timeline (it may be replaced)
         self._devices: Any = None   # the DeviceExecutor, made at the first GPU response
@@ -109,25 +96,6 @@ class Executor:
         mode = self._devices.mode(resp.process_set) if self._devices is not None else None
         return None if mode == "HOST" else "NCCL"   # host-staged GPU work runs on the host transport
 
-    # -- helpers --------------------------------------------------------------------------------------
-    def _stage_in(self, entry: Optional[HostEntry], shape, dst: np.ndarray, dtype: str) -> None:
-        if entry is None or entry.tensor is None:
-            dst[...] = 0
-        elif dtype == ops.BFLOAT16:
-            ops.bf16_to_f32(_flat(entry.tensor), dst)
-        else:
-            np.copyto(dst, _flat(entry.tensor), casting="no")
-
-    def _stage_out(self, src: np.ndarray, entry: HostEntry, shape, dtype: str) -> np.ndarray:
-        out = entry.output
-        if out is None:
-            out = result_pool.empty(shape, dtype=ops.storage_dtype(dtype))
-        if dtype == ops.BFLOAT16:
-            ops.f32_to_bf16(src, _flat(out))
-        else:
-            np.copyto(_flat(out), src, casting="no")
-        return out
-
     # -- dispatch -------------------------------------------------------------------------------------
     def execute(self, resp: Response, entries: Sequence[Optional[Entry[Any]]]) -> List[object]:
         """Run ``resp``; returns one result per entry (the output array, or a tuple for alltoall).
@@ -142,70 +110,20 @@ class Executor:
     def execute_on_host(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         """Run ``resp`` on host arrays with the CPU transports."""
         kind = resp.kind
-        if kind == ops.ALLREDUCE:
-            if resp.payload is not None:
-                return self._inline_result(resp, entries)
-            if resp.op == ops.Adasum:
-                return self._adasum(resp, entries)
-            return self._allreduce(resp, entries)
-        if kind == ops.ALLGATHER:
-            return self._allgather(resp, entries)
-        if kind == ops.BROADCAST:
-            return self._broadcast(resp, entries)
-        if kind == ops.ALLTOALL:
-            return self._alltoall(resp, entries)
-        if kind == ops.REDUCESCATTER:
-            return self._reducescatter(resp, entries)
-        if kind == ops.BARRIER:
-            self.transport_for(resp.process_set).barrier()
-            return [None for _ in entries]
-        raise ValueError(f"executor cannot run response kind {kind}")
-
-    def _finish(self, buf: np.ndarray, resp: Response) -> None:
-        """Postscale, then Average's division by the set size."""
-        ops.finish_reduction(buf, resp.op, resp.postscale, len(self.set_ranks[resp.process_set]))
-
-    def _finisher(self, resp: Response) -> Optional[ops.Finish]:
-        """The same finish, for a transport to apply to each piece of an allreduce's result as it writes it."""
-        return ops.finisher(resp.op, resp.postscale, len(self.set_ranks[resp.process_set]))
-
-    # -- reductions -----------------------------------------------------------------------------------
-    def _allreduce(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
+        if kind == ops.ALLREDUCE and resp.payload is not None:
+            return self._inline_result(resp, entries)
+        if kind == ops.ALLREDUCE and resp.op == ops.Adasum:
+            return self._adasum(resp, entries)
         transport = self.transport_for(resp.process_set)
-        pre = resp.prescale
-        op = ops.TRANSPORT_OP[resp.op]
-        if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16:
-            single = entries[0]
-            tensor = single.input()
-            if single.output is None:
-                single.output = result_pool.empty_like(tensor)
-            output = single.output
-            buf = _flat(output)
-            separate = output is not tensor and not np.shares_memory(output, tensor)
-            if separate and pre == 1:
-                # Reduced straight from the input into the result: one pass over memory less than copy + in place.
-                transport.allreduce_into(_flat(tensor), buf, op, self._finisher(resp))
-            else:
-                if separate:
-                    np.copyto(buf, _flat(tensor), casting="no")
-                ops.scale_inplace(buf, pre)
-                transport.allreduce_into(buf, buf, op, self._finisher(resp))
-            return [output]
-        counts = [prod(s) for s in resp.shapes]
-        buf = self.fusion.get(sum(counts), ops.compute_dtype(resp.dtype))
-        offset = 0
-        for entry, shape, n in zip(entries, resp.shapes, counts):
-            self._stage_in(entry, shape, buf[offset:offset + n], resp.dtype)
-            offset += n
-        ops.scale_inplace(buf, pre)
-        transport.allreduce_into(buf, buf, op, self._finisher(resp))
-        results: List[object] = []
-        offset = 0
-        for entry, shape, n in zip(entries, resp.shapes, counts):
-            results.append(None if entry is None else self._stage_out(buf[offset:offset + n], entry, shape,
-                                                                     resp.dtype))
-            offset += n
-        return results
+        if kind == ops.BARRIER:
+            transport.barrier()
+            return [None for _ in entries]
+        reduces = kind == ops.ALLREDUCE or kind == ops.REDUCESCATTER
+        finish = ops.finisher(resp.op, resp.postscale, transport.size) if reduces else None
+        if kind == ops.ALLREDUCE:   # the hot path: straight to its algorithm
+            return algorithms.allreduce(self.memory, transport, resp, entries, ops.TRANSPORT_OP[resp.op], finish)
+        root = list(self.set_ranks[resp.process_set]).index(resp.root) if kind == ops.BROADCAST else 0
+        return algorithms.run(self.memory, transport, resp, entries, ops.TRANSPORT_OP.get(resp.op, ""), finish, root)
 
     def _inline_result(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         """The coordinator already reduced this tiny tensor: copy its result out."""
@@ -259,132 +177,4 @@ class Executor:
                 _flat(out)[...] = a.astype(out.dtype, copy=False)
             entry.output = out
             results.append(out)
-        return results
-
-    def _reducescatter(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
-        transport = self.transport_for(resp.process_set)
-        size, me = transport.size, transport.rank
-        pre = resp.prescale
-        cdt = ops.compute_dtype(resp.dtype)
-        splits = [split_rows(shape[0], size) for shape in resp.shapes]
-        rows = [_row_elems(shape) for shape in resp.shapes]
-        counts = [sum(sp[p] * r for sp, r in zip(splits, rows)) for p in range(size)]
-        if len(entries) == 1 and entries[0] is not None and resp.dtype != ops.BFLOAT16 and pre == 1.0:
-            # One tensor is already laid out block by block: reduce straight from it into the result.
-            single, shape = entries[0], resp.shapes[0]
-            out = result_pool.empty((splits[0][me],) + tuple(shape[1:]), dtype=cdt)
-            transport.reducescatter(_flat(single.input()), _flat(out), counts, ops.TRANSPORT_OP[resp.op])
-            self._finish(out, resp)
-            single.output = out
-            return [out]
-        send = self.fusion.get(sum(counts), cdt)
-        # Lay out rank p's block as the concatenation of every tensor's p-th slice.
-        offset = 0
-        for p in range(size):
-            for entry, sp, r in zip(entries, splits, rows):
-                n = sp[p] * r
-                start = sum(sp[:p]) * r
-                src = None if entry is None else _flat(entry.input())[start:start + n]
-                if src is None:
-                    send[offset:offset + n] = 0
-                elif resp.dtype == ops.BFLOAT16:
-                    ops.bf16_to_f32(src, send[offset:offset + n])
-                else:
-                    np.copyto(send[offset:offset + n], src, casting="no")
-                offset += n
-        ops.scale_inplace(send, pre)
-        recv = result_pool.empty(counts[me], dtype=cdt)
-        transport.reducescatter(send, recv, counts, ops.TRANSPORT_OP[resp.op])
-        self._finish(recv, resp)
-        results: List[object] = []
-        offset = 0
-        for entry, shape, sp, r in zip(entries, resp.shapes, splits, rows):
-            n = sp[me] * r
-            out_shape = (sp[me],) + tuple(shape[1:])
-            if entry is None:
-                results.append(None)
-            else:
-                entry.output = None
-                results.append(self._stage_out(recv[offset:offset + n], entry, out_shape, resp.dtype))
-            offset += n
-        return results
-
-    # -- data movement --------------------------------------------------------------------------------
-    def _allgather(self, resp: Response, slots: Sequence[Optional[HostEntry]]) -> List[object]:
-        entries = own_entries(slots, "allgather")
-        transport = self.transport_for(resp.process_set)
-        size, me = transport.size, transport.rank
-        sdt = ops.storage_dtype(resp.dtype)
-        rows = [_row_elems(shape) for shape in resp.shapes]
-        outputs = [result_pool.empty((sum(dims),) + tuple(shape[1:]), dtype=sdt)
-                   for shape, dims in zip(resp.shapes, resp.first_dims)]
-        if len(entries) == 1:
-            counts = [d * rows[0] for d in resp.first_dims[0]]
-            transport.allgatherv(_flat(entries[0].input()), _flat(outputs[0]), counts)
-            return list(outputs)
-        counts = [sum(dims[p] * r for dims, r in zip(resp.first_dims, rows)) for p in range(size)]
-        send = self.fusion.get(counts[me], sdt)
-        offset = 0
-        for entry, dims, r in zip(entries, resp.first_dims, rows):
-            n = dims[me] * r
-            np.copyto(send[offset:offset + n], _flat(entry.input()), casting="no")
-            offset += n
-        recv = result_pool.empty(sum(counts), dtype=sdt)
-        transport.allgatherv(send, recv, counts)
-        offset = 0
-        cursors = [0] * len(outputs)
-        for p in range(size):
-            for i, (dims, r) in enumerate(zip(resp.first_dims, rows)):
-                n = dims[p] * r
-                _flat(outputs[i])[cursors[i]:cursors[i] + n] = recv[offset:offset + n]
-                cursors[i] += n
-                offset += n
-        return list(outputs)
-
-    def _broadcast(self, resp: Response, slots: Sequence[Optional[HostEntry]]) -> List[object]:
-        entries = own_entries(slots, "broadcast")
-        transport = self.transport_for(resp.process_set)
-        root = list(self.set_ranks[resp.process_set]).index(resp.root)
-        sdt = ops.storage_dtype(resp.dtype)
-        outputs: List[np.ndarray] = []
-        for entry in entries:
-            tensor = entry.input()
-            if entry.output is None:
-                entry.output = result_pool.empty_like(tensor)
-            if entry.output is not tensor and transport.rank == root:
-                np.copyto(entry.output, tensor, casting="no")
-            outputs.append(entry.output)
-        if len(entries) == 1:
-            transport.broadcast(_flat(outputs[0]), root)
-            return [outputs[0]]
-        counts = [prod(s) for s in resp.shapes]
-        buf = self.fusion.get(sum(counts), sdt)
-        offset = 0
-        if transport.rank == root:
-            for out, n in zip(outputs, counts):
-                np.copyto(buf[offset:offset + n], _flat(out), casting="no")
-                offset += n
-        transport.broadcast(buf, root)
-        offset = 0
-        for out, n in zip(outputs, counts):
-            np.copyto(_flat(out), buf[offset:offset + n], casting="no")
-            offset += n
-        return list(outputs)
-
-    def _alltoall(self, resp: Response, slots: Sequence[Optional[HostEntry]]) -> List[object]:
-        entries = own_entries(slots, "alltoall")
-        transport = self.transport_for(resp.process_set)
-        me = transport.rank
-        sdt = ops.storage_dtype(resp.dtype)
-        results: List[object] = []
-        for entry, matrix in zip(entries, resp.splits):
-            tensor = entry.input()
-            shape = tensor.shape
-            r = _row_elems(shape)
-            send_rows = matrix[me]
-            recv_rows = [matrix[p][me] for p in range(transport.size)]
-            out = result_pool.empty((sum(recv_rows),) + tuple(shape[1:]), dtype=sdt)
-            transport.alltoallv(_flat(tensor), [s * r for s in send_rows], _flat(out),
-                                [s * r for s in recv_rows])
-            results.append((out, np.asarray(recv_rows, dtype=np.int32)))
         return results
