@@ -233,8 +233,7 @@ class Config:
 
     @property
     def spin_budget_us(self) -> float:
-        """How long a waiting rank re-checks before it sleeps: ``spin_us`` when every rank of this host has a core
-        of its own, else 0 (the one rule for the engine's drive loop and its boards)."""
+        """A waiting rank's re-check time before it sleeps: ``spin_us`` when each local rank has a core, else 0."""
         return default_budget_us(self.topology.local_size, self.spin_us)
 
     @property

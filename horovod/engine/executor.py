@@ -23,18 +23,6 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
 
 
-def deliver_inline(entry: HostEntry, payload: bytes, dtype: str, shape: Sequence[int]) -> np.ndarray:
-    """Write an already reduced tiny result into the entry's output (allocated when the call returns a new one)."""
-    result = np.frombuffer(payload, dtype=ops.storage_dtype(dtype))
-    if entry.output is None:
-        entry.output = result_pool.empty(shape, dtype=ops.storage_dtype(dtype))
-    np.copyto(_flat(entry.output), result, casting="no")
-    return entry.output
-
-
-split_rows = ops.split_rows
-
-
 class Executor:
     """Carries out responses for this rank.
 
@@ -126,15 +114,18 @@ class Executor:
         return algorithms.run(self.memory, transport, resp, entries, ops.TRANSPORT_OP.get(resp.op, ""), finish, root)
 
     def _inline_result(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
-        """The coordinator already reduced this tiny tensor: copy its result out."""
-        entry = entries[0]
+        """The coordinator already reduced this tiny tensor: copy its result into the entry's output (allocated
+        when the call returns a new one)."""
+        entry, payload, dtype = entries[0], resp.payload, ops.storage_dtype(resp.dtype)
         if entry is None:
             return [None]
-        payload = resp.payload
         if not isinstance(payload, bytes):
             raise TypeError(f"an inline allreduce response for {resp.names[:3]} carries {type(payload).__name__}, "
                             f"expected the reduced bytes (an engine defect; please report)")
-        return [deliver_inline(entry, payload, resp.dtype, resp.shapes[0])]
+        if entry.output is None:
+            entry.output = result_pool.empty(resp.shapes[0], dtype=dtype)
+        np.copyto(_flat(entry.output), np.frombuffer(payload, dtype=dtype), casting="no")
+        return [entry.output]
 
     def _adasum(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         """Adasum by recursive doubling: partners exchange vectors and combine them scale-invariantly."""

@@ -158,13 +158,6 @@ def reduce_payloads(requests: Sequence[Request], data: Sequence[Optional[Union[b
     storage = ops.storage_dtype(first.dtype)
     op = ops.TRANSPORT_OP[first.op]
     total: Optional[np.ndarray] = None
-    if (out is not None and len(data) > 1 and first.prescale == 1.0 and first.dtype != ops.BFLOAT16
-            and data[0] is not None and data[1] is not None):
-        # The common case (the fast lane's in-place allreduce): the first two payloads reduced straight into
-        # ``out``, no copy first.
-        total = out
-        reduce_into(out, np.frombuffer(data[1], dtype=storage), op, first=np.frombuffer(data[0], dtype=storage))
-        data = data[2:]
     for raw_bytes in data:
         if raw_bytes is None:
             raise ValueError(f"a rank sent no inline data for tensor '{first.name}'")

@@ -37,17 +37,15 @@ def check_gather(send: np.ndarray, recv: np.ndarray, total: int, mine: int, rank
                          f"send {send.size} x {send.dtype}")
 
 
-def reduce_into(dst: np.ndarray, src: np.ndarray, op: str, first: Optional[np.ndarray] = None) -> None:
-    """``dst = dst (op) src`` elementwise, in place (bool: sum/max are OR, min/product are AND); with ``first``,
-    ``dst = first (op) src`` (one pass instead of a copy and then the reduction)."""
-    a = dst if first is None else first
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: str) -> None:
+    """``dst = dst (op) src`` elementwise, in place (bool: sum/max are OR, min/product are AND)."""
     if dst.dtype == np.bool_:
         if op in (SUM, MAX):
-            np.logical_or(a, src, out=dst)
+            np.logical_or(dst, src, out=dst)
         else:
-            np.logical_and(a, src, out=dst)
+            np.logical_and(dst, src, out=dst)
         return
-    _UFUNCS[op](a, src, out=dst)
+    _UFUNCS[op](dst, src, out=dst)
 
 
 class Finish(Protocol):

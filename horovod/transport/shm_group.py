@@ -21,8 +21,7 @@ from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, LINE_BYTES, MAGI
 
 logger = logging.getLogger(__name__)
 
-#: A broadcast's pipeline piece when the ranks spin (np = 2, 1 MiB through the engine: 230 -> 115 us against a
-#: whole 2 MiB half per step; 64 KiB pieces cost more steps than they overlap).
+#: A broadcast's pipeline piece while the ranks spin (np = 2, 1 MiB: 230 -> 105 us against a 2 MiB half per step).
 BROADCAST_PIECE_BYTES = 256 * 1024
 
 
@@ -74,9 +73,8 @@ class ShmGroup(Transport):
         # spinning pays only when no rank on this host (in any group) has to wait for a core
         self._spinner = Spinner(node.spin_us if node.spin_us is not None
                                 else default_budget_us(node.size, DEFAULT_SPIN_US))
-        # A broadcast's readers copy one piece while the root writes the next. Each piece is a step every reader
-        # waits for, which costs nothing while they spin but a wake-up each when they must sleep: on a crowded
-        # host a broadcast moves a whole half per step.
+        # Readers copy one piece while the root writes the next; each piece is a step, a wake-up each for ranks
+        # that sleep instead of spinning: on a crowded host a broadcast moves a whole half per step.
         self._broadcast_piece = min(self._half_bytes, BROADCAST_PIECE_BYTES) if self._spinner.budget_s \
             else self._half_bytes
         self._peers = [q for q in range(self.size) if q != self.rank]

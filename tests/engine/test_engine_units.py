@@ -424,7 +424,7 @@ def test_dtype_names():
 
 
 def test_reducescatter_split_rule():
-    from horovod.engine.executor import split_rows
+    from horovod.engine.ops import split_rows
 
     assert split_rows(7, 3) == [3, 2, 2]
     assert split_rows(1, 4) == [1, 0, 0, 0]
