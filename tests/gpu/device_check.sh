@@ -52,9 +52,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rA --timeout=240)
 # Every collective x dtype at np = 2 on NCCL (and np = 1), DistributedOptimizer at np = 2 against one process on the
-# whole batch, process sets on two streams, a killed peer, communicators rebuilt by a new engine; the ctypes
-# declarations against the wheel's nccl.h.
-step nccl-ranks 160 "${PYTEST[@]}" tests/gpu/test_gpu_nccl_ranks.py tests/gpu/test_nccl_library.py
+# whole batch, process sets on two streams, a killed peer, communicators rebuilt by a new engine, hierarchical
+# allreduce over two emulated hosts of two ranks; the ctypes declarations against the wheel's nccl.h.
+step nccl-ranks 220 "${PYTEST[@]}" tests/gpu/test_gpu_nccl_ranks.py tests/gpu/test_nccl_library.py
 step collectives 120 "${PYTEST[@]}" tests/gpu/test_gpu_collectives.py \
     -k "np2_on_nccl or np1_every or distributed_optimizer_matches or queries_tell"
 

@@ -106,3 +106,30 @@ def rebuilt_communicators(rounds: int = 3) -> Dict[str, object]:
         torch.cuda.synchronize()
         hvd.shutdown()
     return {"wrong": wrong, "modes": modes}
+
+
+def hierarchical_allreduce() -> Dict[str, object]:
+    """HOROVOD_HIERARCHICAL_ALLREDUCE=1, four ranks as two hosts of two (HOROVOD_HOSTNAME) on the one GPU: NCCL
+    inside each host, the CPU transport across them (single, Average, and three fused asynchronous tensors)."""
+    from horovod.engine import state
+
+    torch, hvd = _setup()
+    r, size = hvd.rank(), hvd.size()
+    wrong = []
+    got = hvd.allreduce(torch.arange(7, dtype=torch.float32, device="cuda") + r, op=hvd.Sum, name="one")
+    if got.tolist() != [float(size * i + sum(range(size))) for i in range(7)]:
+        wrong.append(f"sum: {got.tolist()}")
+    got = hvd.allreduce(torch.full((3, 3), 4.0 * (r + 1), device="cuda"), op=hvd.Average, name="avg")
+    if got.flatten().tolist() != [4.0 * sum(range(1, size + 1)) / size] * 9:
+        wrong.append(f"average: {got.flatten().tolist()}")
+    handles = [hvd.allreduce_async(torch.arange(5, dtype=torch.int64, device="cuda") * (r + 1), op=hvd.Sum,
+                                   name=f"fused.{i}") for i in range(3)]
+    for h in handles:
+        got = hvd.synchronize(h)
+        if got.tolist() != [i * sum(range(1, size + 1)) for i in range(5)]:
+            wrong.append(f"fused: {got.tolist()}")
+    plane = state.runtime().executor.devices._planes[0]
+    shape = {"local": [c.size for c in plane.local], "cross": None if plane.cross is None else plane.cross.size}
+    torch.cuda.synchronize()
+    hvd.shutdown()
+    return {"wrong": wrong, "mode": plane.mode, "shape": shape}

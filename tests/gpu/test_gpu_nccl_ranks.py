@@ -47,3 +47,14 @@ def test_a_killed_peer_fails_the_survivor_and_frees_its_gpu():
 def test_a_new_engine_rebuilds_its_communicators():
     for rank, r in enumerate(run_ranks(workers.rebuilt_communicators, 2, env=ENV, timeout=300)):
         assert not r["wrong"] and r["modes"] == ["NCCL"] * 3, (rank, r)
+
+
+def test_hierarchical_allreduce_inside_and_across_emulated_hosts():
+    """Issue 36's composition on real NCCL: a set of two hosts of two ranks (one GPU) allreduces on 2-rank
+    communicators inside each host and on the CPU transport across them (the stand-in's version of this runs on the
+    CPU: tests/gpu/test_device_hierarchical.py)."""
+    results = run_ranks(workers.hierarchical_allreduce, 4, env={**ENV, "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"},
+                        hosts=["a", "a", "b", "b"], timeout=300)
+    for rank, r in enumerate(results):
+        assert not r["wrong"] and r["mode"] == "NCCL", (rank, r)
+        assert r["shape"] == {"local": [2], "cross": 2}, (rank, r)
