@@ -73,10 +73,10 @@ class ShmGroup(Transport):
         # spinning pays only when no rank on this host (in any group) has to wait for a core
         self._spinner = Spinner(node.spin_us if node.spin_us is not None
                                 else default_budget_us(node.size, DEFAULT_SPIN_US))
-        # Readers copy one piece while the root writes the next; each piece is a step, a wake-up each for ranks
-        # that sleep instead of spinning: on a crowded host a broadcast moves a whole half per step.
-        self._broadcast_piece = min(self._half_bytes, BROADCAST_PIECE_BYTES) if self._spinner.budget_s \
-            else self._half_bytes
+        # Readers copy a piece while the root writes the next (a wake-up per piece where ranks sleep); every member
+        # must cut the same pieces, so this reads the host's CPU count, not this process's spin budget.
+        crowded = node.size > (os.cpu_count() or 1)
+        self._broadcast_piece = self._half_bytes if crowded else min(self._half_bytes, BROADCAST_PIECE_BYTES)
         self._peers = [q for q in range(self.size) if q != self.rank]
         self._wake_fds = [node.peers[members[q]].wake_fd for q in self._peers]
         self._poller = select.poll()

@@ -180,3 +180,23 @@ def _body_mismatch(rank, size):
 def test_alltoallv_count_mismatch_is_reported():
     results = _ok(_launch(2, _body_mismatch))
     assert results[1] is not None and "recv_counts[0] = 4" in results[1]
+
+
+def _body_broadcast_spin_differs(rank, size):
+    # One rank spins, the other never does (shm_spin_us=0): both must still cut a large broadcast into the same
+    # pieces, or their step counters part and the data is wrong or the job hangs.
+    t = create_shm(_boot("bcast-spin", {"shm_spin_us": 0.0 if rank == 0 else 50.0}))
+    try:
+        out = []
+        for root in range(size):
+            buf = np.arange(3 << 18, dtype=np.float32) + root if rank == root else np.zeros(3 << 18, np.float32)
+            t.broadcast(buf, root)
+            out.append(bool(np.array_equal(buf, np.arange(3 << 18, dtype=np.float32) + root)))
+        return out
+    finally:
+        t.close()
+
+
+def test_a_broadcast_is_cut_alike_whatever_each_rank_spins():
+    results = _ok(_launch(2, _body_broadcast_spin_differs))
+    assert results == {0: [True, True], 1: [True, True]}, results
