@@ -25,7 +25,7 @@ How it works, and why:
   all reduced shares out: a reduce-scatter plus allgather through shared memory, with the reduction spread over
   all ranks.  Small buffers take one step: everyone copies in, everyone reduces everything.
 * **Broadcast** streams: the root writes a piece, steps, writes the next while the others copy the first out
-  (256 KiB pieces while the ranks spin, a whole half per step when they would sleep between pieces).
+  (256 KiB pieces while the host has a core per rank, a whole half per step on a crowded host).
 * **sendrecv** is point-to-point and need not involve the whole group, so it never touches the step counters;
   it streams over the pair's UNIX socket with a length header.
 * **Subgroups** are created lazily at their first collective: the members exchange fresh segments over the same
