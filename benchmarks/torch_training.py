@@ -161,8 +161,13 @@ def run_job(args, side: str, np_: int, threads: int = 0, env_extra: Optional[dic
     print(f"{side}, np={np_}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     proc = _launch.run_job(cmd, side_env(side, env_extra), args.timeout)   # kills the whole job on timeout
     line = next((ln for ln in proc.stdout.splitlines() if RESULT_TAG in ln), None)
-    if not proc.ok or line is None:
+    # The peer's teardown may fail after rank 0 reported (seen once in CI: a DDP rank aborted in Gloo's
+    # destroy_process_group, "terminate called without an active exception"): its figures stand, said so. Never ours.
+    if line is None or proc.timed_out or (not proc.ok and side == "horovod"):
         raise SystemExit(f"benchmark job ({side}, np={np_}) failed: {proc.describe()}")
+    if not proc.ok:
+        print(f"note: the {side} job (np={np_}) exited with {proc.returncode} after rank 0 reported its results; "
+              f"they are kept", file=sys.stderr, flush=True)
     return json.loads(line.split(RESULT_TAG, 1)[1])
 
 

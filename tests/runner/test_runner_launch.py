@@ -402,7 +402,12 @@ import os
 import horovod.numpy as hvd
 hvd.init()
 print("CPUS", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
-print("THREADS", len({frozenset(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}))
+def affinity(tid):
+    try:
+        return frozenset(os.sched_getaffinity(int(tid)))
+    except ProcessLookupError:   # a thread that ended since the listing
+        return None
+print("THREADS", len({a for a in map(affinity, os.listdir("/proc/self/task")) if a is not None}))
 hvd.shutdown()
 """
 
