@@ -268,6 +268,7 @@ def _hang_job():
     from horovod.common.elastic import ObjectState
 
     hvd, backend = _start()
+    hvd.barrier()   # on the host: both ranks reach warm together, however long each took to start
     hvd.allreduce(np.ones(3, np.float32), name="warm", op=hvd.Sum)
     hvd.allreduce(np.ones(3, np.float32), name="stuck", op=hvd.Sum)   # returns once enqueued on the GPU
     handle = hvd.allreduce_async(np.ones(3, np.float32), name="next", op=hvd.Sum)
