@@ -5,7 +5,7 @@ Usage::
     python benchmarks/latency_stages.py                 # patterns: back to back, 1 ms compute before each
     python benchmarks/latency_stages.py --calls 1000 --transport shm
     python benchmarks/latency_stages.py --python-overhead [--against /path/to/other/checkout]
-    python benchmarks/latency_stages.py --hot-path-calls [--transport shm,tcp]
+    python benchmarks/latency_stages.py --hot-path-calls [--transport shm,tcp] [--collectives allreduce,allgather]
 
 Each rank stamps ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, one clock for every process of the machine) at the
 stages of an 8-byte ``horovod.numpy.allreduce``, once on each path such a call can take. On the *fast lane* (the
@@ -18,7 +18,8 @@ microseconds per stage). The table shows the median time of each stamp after the
 started, and the median call time per rank.
 
 ``--hot-path-calls`` counts (cProfile, deterministic) the Python function calls each rank's calling thread makes
-per warm blocking 4 KiB allreduce at np = 2, by layer, with the busiest functions (:mod:`benchmarks._lib.hot_calls`).
+per warm blocking 4 KiB collective at np = 2 (allreduce, or each of ``--collectives``), by layer, with the busiest
+functions (:mod:`benchmarks._lib.hot_calls`).
 
 ``--python-overhead`` asks a narrower question: what the Python above the engine costs per call. At np = 1 (the
 engine has nobody to wait for) it times the same 8-byte allreduce through the engine API alone and through each
@@ -184,30 +185,30 @@ def python_overhead(args) -> int:
     return 0
 
 
-def hot_path_calls(transports: List[str]) -> int:
-    """Python calls per warm blocking allreduce on each rank's calling thread, np = 2, per transport."""
+def hot_path_calls(transports: List[str], collectives: List[str]) -> int:
+    """Python calls per warm blocking collective on each rank's calling thread, np = 2, per transport."""
     for key, value in header(None).items():
         print(f"- {key}: {value}")
-    print(f"- {hot_calls.CALLS} profiled calls of a 4 KiB float32 horovod.numpy.allreduce after {hot_calls.WARMUP} "
-          f"warm-up calls (cProfile on the calling thread: counts, not times)\n")
+    print(f"- {hot_calls.CALLS} profiled calls of each 4 KiB float32 horovod.numpy collective after "
+          f"{hot_calls.WARMUP} warm-up calls (cProfile on the calling thread: counts, not times)\n")
     layers = [name for name, _ in overhead.LAYERS] + ["numpy, torch, builtins"]
     rows, tops = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for transport in transports:
-            out = os.path.join(tmp, transport)
+        for collective, transport in itertools.product(collectives, transports):
+            out = os.path.join(tmp, f"{collective}-{transport}")
             env = launch.repo_env({"HOROVOD_TRANSPORT": transport}, drop_prefixes=("HOROVOD_", "OMPI_", "PMI"))
-            job = launch.run_job(launch.horovodrun_cmd(2, [sys.executable, hot_calls.__file__, out]), env,
-                                 timeout=600, cwd=tmp)
+            cmd = [sys.executable, hot_calls.__file__, out, "4096", collective]
+            job = launch.run_job(launch.horovodrun_cmd(2, cmd), env, timeout=600, cwd=tmp)
             if not job.ok:
-                raise RuntimeError(f"the hot-path worker failed on {transport}: {job.describe()}")
+                raise RuntimeError(f"the hot-path worker failed on {collective}, {transport}: {job.describe()}")
             for rank in (0, 1):
                 with open(f"{out}.{rank}", encoding="utf-8") as f:
                     rec = json.load(f)
-                rows.append([transport, str(rank)] + [f"{rec['layers'].get(layer, 0):.0f}" for layer in layers] +
-                            [f"{rec['per_call']:.0f}"])
-                tops[f"{transport}, rank {rank}"] = rec["top"]
-    print("Python function calls on the calling thread per warm blocking allreduce (np = 2):\n")
-    print("\n".join(table(["transport", "rank"] + layers + ["total"], rows)) + "\n")
+                rows.append([collective, transport, str(rank)] +
+                            [f"{rec['layers'].get(layer, 0):.0f}" for layer in layers] + [f"{rec['per_call']:.0f}"])
+                tops[f"{collective}, {transport}, rank {rank}"] = rec["top"]
+    print("Python function calls on the calling thread per warm blocking collective (np = 2):\n")
+    print("\n".join(table(["collective", "transport", "rank"] + layers + ["total"], rows)) + "\n")
     for who, top in tops.items():
         print(f"Busiest functions, {who} (calls per collective):\n")
         print("\n".join(table(["function", "calls"], [[name, f"{n:.1f}"] for name, n in top[:12]])) + "\n")
@@ -225,10 +226,13 @@ def main() -> int:
     ap.add_argument("--hot-path-calls", action="store_true",
                     help="np = 2: Python calls per warm blocking allreduce on the calling thread (transports: "
                          "--transport, comma-separated; default shm,tcp)")
+    ap.add_argument("--collectives", default="allreduce",
+                    help=f"with --hot-path-calls: comma-separated, of {','.join(hot_calls.COLLECTIVES)}")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hot_path_calls:
-        return hot_path_calls(["shm", "tcp"] if args.transport == "shm" else args.transport.split(","))
+        return hot_path_calls(["shm", "tcp"] if args.transport == "shm" else args.transport.split(","),
+                              args.collectives.split(","))
     if args.python_overhead:
         if args.calls == 400:
             args.calls = 2000

@@ -1,10 +1,10 @@
-"""Python function calls on the calling thread per warm blocking allreduce, at np = 2 (cProfile).
+"""Python function calls on the calling thread per warm blocking collective, at np = 2 (cProfile).
 
 A warm collective (its response cached on every rank) should cost a handful of Python frames between the binding
 and the transport. This counts them, deterministically (call counts, not times: a loaded machine does not change
-them): each rank warms a 4 KiB ``horovod.numpy.allreduce`` up, then profiles ``CALLS`` more on its calling thread
-and writes the calls per collective by layer and the busiest functions. Run by :mod:`benchmarks.latency_stages`
-(``--hot-path-calls``) under ``horovodrun -np 2``.
+them): each rank warms a 4 KiB ``horovod.numpy`` collective up (allreduce unless told another), then profiles
+``CALLS`` more on its calling thread and writes the calls per collective by layer and the busiest functions. Run
+by :mod:`benchmarks.latency_stages` (``--hot-path-calls``) under ``horovodrun -np 2``.
 """
 from __future__ import annotations
 
@@ -22,17 +22,35 @@ CALLS = 200
 WARMUP = 50
 
 
-def worker(out: str, nbytes: int = 4096) -> None:
+#: The collectives counted, each as a user calls it (results new arrays, as the benchmarks' engine rows).
+COLLECTIVES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+
+
+def _call(hvd, collective: str, x: np.ndarray):
+    if collective == "allreduce":
+        return lambda: hvd.allreduce(x, name="hot")
+    if collective == "allgather":
+        return lambda: hvd.allgather(x, name="hot")
+    if collective == "broadcast":
+        return lambda: hvd.broadcast(x, 0, name="hot")
+    if collective == "alltoall":
+        return lambda: hvd.alltoall(x, name="hot")
+    if collective == "reducescatter":
+        return lambda: hvd.reducescatter(x, name="hot")
+    raise ValueError(f"unknown collective {collective!r}; one of {', '.join(COLLECTIVES)}")
+
+
+def worker(out: str, nbytes: int = 4096, collective: str = "allreduce") -> None:
     import horovod.numpy as hvd
 
     hvd.init()
-    x = np.ones(nbytes // 4, np.float32)
+    call = _call(hvd, collective, np.ones(nbytes // 4, np.float32))
     for _ in range(WARMUP):
-        hvd.allreduce(x, name="hot")
+        call()
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(CALLS):
-        hvd.allreduce(x, name="hot")
+        call()
     profile.disable()
     stats = pstats.Stats(profile).stats   # type: ignore[attr-defined]
     layers: Counter = Counter()
@@ -50,4 +68,5 @@ def worker(out: str, nbytes: int = 4096) -> None:
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4096)
+    worker(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4096,
+           sys.argv[3] if len(sys.argv) > 3 else "allreduce")

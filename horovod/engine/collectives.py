@@ -42,8 +42,8 @@ def _contiguous(a) -> HostOrDevice:
 
 
 def _ndim(tensor: HostOrDevice) -> int:
-    """``np.ndim``, which reads a device array's ``ndim`` too (typed for both)."""
-    return tensor.ndim if isinstance(tensor, DeviceArray) else np.ndim(tensor)
+    """``np.ndim`` (two Python calls) where the tensor has no ``ndim`` of its own (typed for device arrays too)."""
+    return tensor.ndim if isinstance(tensor, (np.ndarray, DeviceArray)) else np.ndim(tensor)
 
 
 def _enqueue(kind: int, tensors: Sequence[HostOrDevice], names: Sequence[str], *, process_set: int,
@@ -101,7 +101,7 @@ def _after_same_names(runtime: "Runtime", entries: Sequence[Entry]) -> None:
 
 def _splits_of(splits: Optional[Sequence[Optional[Sequence[int]]]], i: int) -> Optional[tuple]:
     rows = splits[i] if splits else None
-    return tuple(int(s) for s in rows) if rows is not None else None
+    return tuple(map(int, rows)) if rows is not None else None
 
 
 def _check_op(op: int, process_set: int, what: str = "allreduce") -> None:

@@ -152,12 +152,12 @@ def _alltoall_result(req: Request, payloads: Sequence[memoryview], size: int, ro
     """An alltoall's ``(rows received, splits received)``: every payload starts with the rows its rank sends each
     rank (int64), then its rows; this rank's are after those its rank sends the lower ranks."""
     header, me = 8 * size, req.rank
-    splits = [np.frombuffer(p[:header], np.int64) for p in payloads]
-    received = [int(s[me]) for s in splits]
+    splits = [np.frombuffer(p[:header], np.int64).tolist() for p in payloads]   # (ints: no numpy sums below)
+    received = [s[me] for s in splits]
     out = result_pool.empty((sum(received),) + tuple(req.shape[1:]), dtype)
     flat, offset = out.reshape(-1).view(np.uint8), 0
     for payload, sent, rows in zip(payloads, splits, received):
-        start = header + int(sent[:me].sum()) * row
+        start = header + sum(sent[:me]) * row
         flat[offset:offset + rows * row] = np.frombuffer(payload[start:start + rows * row], np.uint8)
         offset += rows * row
     return out, np.asarray(received, dtype=np.int32)

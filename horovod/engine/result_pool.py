@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import bisect
 import collections
+import math
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -46,8 +47,9 @@ class _Lease:
 
     def __init__(self, block: np.ndarray, shape: Tuple[int, ...], dtype: np.dtype):
         self.block: Optional[np.ndarray] = block
-        self.__array_interface__ = {"shape": tuple(shape), "typestr": dtype.str, "descr": dtype.descr,
-                                    "data": (block.ctypes.data, False), "strides": None, "version": 3}
+        # (``block.ctypes`` and ``dtype.descr`` run Python code inside numpy; a plain dtype needs no ``descr``)
+        self.__array_interface__ = {"shape": shape, "typestr": dtype.str, "data": block.__array_interface__["data"],
+                                    "strides": None, "version": 3, **({"descr": dtype.descr} if dtype.names else {})}
 
     def __del__(self) -> None:
         block = self.block
@@ -145,14 +147,11 @@ _POOL = ResultPool()
 
 
 def empty(shape: Union[int, Sequence[int]], dtype) -> np.ndarray:
-    """A new, writeable, C-contiguous array for a collective's result (contents undefined)."""
+    """A new, writeable, C-contiguous array for a collective's result (contents undefined). On every out-of-place
+    collective's path: builtins only (``np.prod``, ``np.ndim`` and ``typing.cast`` cost Python calls)."""
     dtype = np.dtype(dtype)
-    dims: Tuple[int, ...]
-    if np.ndim(shape) == 0:   # an int or a numpy integer
-        dims = (int(cast(int, shape)),)
-    else:
-        dims = tuple(int(d) for d in cast(Sequence[int], shape))
-    nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
+    nbytes = math.prod(dims) * dtype.itemsize
     if nbytes < MIN_BYTES or dtype.hasobject:
         return np.empty(dims, dtype=dtype)
     return np.asarray(_Lease(_POOL.take(nbytes), dims, dtype))

@@ -63,6 +63,25 @@ def test_dtypes_and_scalar_shapes(dtype):
     assert small.base is None and small.shape == (3, 2)  # below MIN_BYTES: plain numpy
 
 
+@pytest.mark.parametrize("shape", [np.int64(MIN_BYTES // 4), (np.int32(MIN_BYTES // 8), 2), [MIN_BYTES // 4],
+                                   (2, 0), 0, (), (np.uint8(5),)])
+def test_every_way_a_shape_is_spelled(shape):
+    """Shapes come as ints, numpy integers, tuples and lists of either (a response's shapes, ``sum`` of numpy
+    splits); each gives the plain-int shape numpy would, pooled from MIN_BYTES."""
+    a = result_pool.empty(shape, np.float32)
+    expected = np.empty(shape, np.float32).shape
+    assert a.shape == expected and all(type(d) is int for d in a.shape)
+    assert a.flags.c_contiguous and a.flags.writeable
+    assert isinstance(a.base, _Lease) == (a.nbytes >= MIN_BYTES)
+    a.reshape(-1)[...] = 7   # every byte of it is ours
+    assert a.size == 0 or float(a.reshape(-1)[-1]) == 7.0
+
+
+def test_a_negative_dimension_fails_as_numpy_fails():
+    with pytest.raises(ValueError):
+        result_pool.empty((4, -1), np.float32)
+
+
 def test_cap_drops_the_least_recently_freed():
     pool = ResultPool(max_bytes=3 * 1024)
     blocks = [np.empty(1024, np.uint8) for _ in range(4)]
