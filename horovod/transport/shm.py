@@ -25,7 +25,8 @@ How it works, and why:
   all reduced shares out: a reduce-scatter plus allgather through shared memory, with the reduction spread over
   all ranks.  Small buffers take one step: everyone copies in, everyone reduces everything.
 * **Broadcast** streams: the root writes a piece, steps, writes the next while the others copy the first out
-  (256 KiB pieces while the host has a core per rank, a whole half per step on a crowded host).
+  (while the host has a core per rank, 256 KiB pieces, or an eighth of the buffer up to a half when that is
+  more; a whole half per step on a crowded host).
 * **sendrecv** is point-to-point and need not involve the whole group, so it never touches the step counters;
   it streams over the pair's UNIX socket with a length header.
 * **Subgroups** are created lazily at their first collective: the members exchange fresh segments over the same
@@ -47,7 +48,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from horovod.transport.base import MAX, MIN, PRODUCT, SUM, Bootstrap, Finish, TransportError, check_op, register
-from horovod.transport.shm_group import ShmGroup
+from horovod.transport.shm_group import BROADCAST_PIECES, ShmGroup
 from horovod.transport.shm_node import IO_CHUNK, LENGTH, LINE_BYTES, Node, new_segment_fd, segment_layout
 
 _TSO_MACHINES = {"x86_64", "amd64", "i386", "i486", "i586", "i686", "x86"}
@@ -220,7 +221,11 @@ class ShmTransport(ShmGroup):
         if self.size == 1 or buf.size == 0:
             return
         self._enter("broadcast")
-        data, hb = _byte_view(buf), self._broadcast_piece
+        data = _byte_view(buf)
+        # At least BROADCAST_PIECES pieces, so readers copy while the root writes; no smaller than the host's
+        # piece, since every piece costs a step and, where a reader sleeps, a wake-up. (The same on every member:
+        # the size is.)
+        hb = min(self._half_bytes, max(self._broadcast_piece, data.size // BROADCAST_PIECES // LINE_BYTES * LINE_BYTES))
         for off in range(0, data.size, hb):
             m = min(hb, data.size - off)
             if self.rank == root:

@@ -200,3 +200,26 @@ def _body_broadcast_spin_differs(rank, size):
 def test_a_broadcast_is_cut_alike_whatever_each_rank_spins():
     results = _ok(_launch(2, _body_broadcast_spin_differs))
     assert results == {0: [True, True], 1: [True, True]}, results
+
+
+def _body_broadcast_pieces(rank, size):
+    # Past 8 pieces of 256 KiB a broadcast takes larger pieces (up to a half): sizes on both sides of each bound,
+    # a last piece shorter than the others, and one more than the halves hold, from every root.
+    t = create_shm(_boot("bcast-pieces", {"shm_segment_bytes": 4 << 20}))
+    try:
+        out = []
+        for count in (1 << 19, (1 << 19) + 3, (5 << 20) // 4 + 7, (24 << 20) // 4 + 1):
+            for root in range(size):
+                want = np.random.default_rng(count + root).standard_normal(count).astype(np.float32)
+                buf = want.copy() if rank == root else np.full(count, np.nan, np.float32)
+                t.broadcast(buf, root)
+                out.append(bool(np.array_equal(buf, want)))
+        return out
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_large_broadcasts_take_larger_pieces_and_arrive_whole(size):
+    results = _ok(_launch(size, _body_broadcast_pieces))
+    assert all(all(v) and len(v) == 4 * size for v in results.values()), results
