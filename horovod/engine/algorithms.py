@@ -57,12 +57,12 @@ class DataPlane(Protocol[A_in, F_in]):
 
 
 def run(mem: Memory[A], plane: DataPlane[A, F], resp: Response, entries: Sequence[Optional[Entry[Any]]],
-        op: str, finish: Optional[F], root: int) -> List[object]:
+        op: str, finish: Optional[F], set_ranks: Sequence[int]) -> List[object]:
     """Run ``resp``: one result per entry (the output array, or ``(array, received splits)`` for alltoall).
 
     ``op`` and ``finish`` are the reduction (the op the plane applies, and the postscale and Average after it, which
-    a plane may fold in: ncclAvg, or a CPU transport finishing each piece while it is in cache); ``root`` is the
-    broadcast root's rank in the set."""
+    a plane may fold in: ncclAvg, or a CPU transport finishing each piece while it is in cache); ``set_ranks``: the
+    set's global ranks (a broadcast's root is one)."""
     kind = resp.kind
     if kind == ops.ALLREDUCE:
         return allreduce(mem, plane, resp, entries, op, finish)
@@ -71,7 +71,7 @@ def run(mem: Memory[A], plane: DataPlane[A, F], resp: Response, entries: Sequenc
     if kind == ops.ALLGATHER:
         return allgather(mem, plane, resp, entries)
     if kind == ops.BROADCAST:
-        return broadcast(mem, plane, resp, entries, root)
+        return broadcast(mem, plane, resp, entries, list(set_ranks).index(resp.root))
     if kind == ops.ALLTOALL:
         return alltoall(mem, plane, resp, entries)
     raise ValueError(f"no data-plane algorithm for response kind {kind}")

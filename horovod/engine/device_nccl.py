@@ -182,6 +182,5 @@ def nccl_run(backend: DeviceBackend, device: int, stream: Any, comm: nccl.NcclCo
         averaged = plane.averages(resp)
         op = plane.AVERAGE if averaged else ops.TRANSPORT_OP[resp.op]
         finish = memory.finisher(ops.Sum if averaged else resp.op, resp.postscale, plane.size)
-    root = list(set_ranks).index(resp.root) if resp.kind == ops.BROADCAST else 0
     with backend.on_stream(stream):
-        return algorithms.run(memory, plane, resp, entries, op, finish, root)
+        return algorithms.run(memory, plane, resp, entries, op, finish, set_ranks)

@@ -110,8 +110,8 @@ class Executor:
         finish = ops.finisher(resp.op, resp.postscale, transport.size) if reduces else None
         if kind == ops.ALLREDUCE:   # the hot path: straight to its algorithm
             return algorithms.allreduce(self.memory, transport, resp, entries, ops.TRANSPORT_OP[resp.op], finish)
-        root = list(self.set_ranks[resp.process_set]).index(resp.root) if kind == ops.BROADCAST else 0
-        return algorithms.run(self.memory, transport, resp, entries, ops.TRANSPORT_OP.get(resp.op, ""), finish, root)
+        return algorithms.run(self.memory, transport, resp, entries, ops.TRANSPORT_OP.get(resp.op, ""), finish,
+                              self.set_ranks[resp.process_set])
 
     def _inline_result(self, resp: Response, entries: Sequence[Optional[HostEntry]]) -> List[object]:
         """The coordinator already reduced this tiny tensor: copy its result into the entry's output (allocated

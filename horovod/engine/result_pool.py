@@ -147,8 +147,7 @@ _POOL = ResultPool()
 
 
 def empty(shape: Union[int, Sequence[int]], dtype) -> np.ndarray:
-    """A new, writeable, C-contiguous array for a collective's result (contents undefined). On every out-of-place
-    collective's path: builtins only (``np.prod``, ``np.ndim`` and ``typing.cast`` cost Python calls)."""
+    """A new, writeable, C-contiguous result array (contents undefined); on every call's path: builtins only."""
     dtype = np.dtype(dtype)
     dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
     nbytes = math.prod(dims) * dtype.itemsize

@@ -25,8 +25,8 @@ How it works, and why:
   all reduced shares out: a reduce-scatter plus allgather through shared memory, with the reduction spread over
   all ranks.  Small buffers take one step: everyone copies in, everyone reduces everything.
 * **Broadcast** streams: the root writes a piece, steps, writes the next while the others copy the first out
-  (while the host has a core per rank, 256 KiB pieces, or an eighth of the buffer up to a half when that is
-  more; a whole half per step on a crowded host).
+  (while the host has a core per rank, pieces of 256 KiB or an eighth of the buffer, at most a half; a whole half
+  per step on a crowded host).
 * **sendrecv** is point-to-point and need not involve the whole group, so it never touches the step counters;
   it streams over the pair's UNIX socket with a length header.
 * **Subgroups** are created lazily at their first collective: the members exchange fresh segments over the same
@@ -221,10 +221,7 @@ class ShmTransport(ShmGroup):
         if self.size == 1 or buf.size == 0:
             return
         self._enter("broadcast")
-        data = _byte_view(buf)
-        # At least BROADCAST_PIECES pieces, so readers copy while the root writes; no smaller than the host's
-        # piece, since every piece costs a step and, where a reader sleeps, a wake-up. (The same on every member:
-        # the size is.)
+        data = _byte_view(buf)   # (every member cuts the same pieces: the size is the same)
         hb = min(self._half_bytes, max(self._broadcast_piece, data.size // BROADCAST_PIECES // LINE_BYTES * LINE_BYTES))
         for off in range(0, data.size, hb):
             m = min(hb, data.size - off)

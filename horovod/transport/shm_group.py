@@ -21,11 +21,9 @@ from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, LINE_BYTES, MAGI
 
 logger = logging.getLogger(__name__)
 
-#: A broadcast's pipeline piece while the ranks spin (np = 2, 1 MiB: 230 -> 105 us against a 2 MiB half per step).
-BROADCAST_PIECE_BYTES = 256 * 1024
-#: Larger broadcasts take larger pieces, this many at least (up to a half): a step per 256 KiB cost a 64 MiB
-#: broadcast at np = 2 about half its time (11.5 -> 5.4-10.6 ms with a half per step, noisy machine).
-BROADCAST_PIECES = 8
+#: A broadcast's pipeline piece while the ranks spin (np = 2, 1 MiB: 230 -> 105 us against a 2 MiB half per step),
+#: or 1 / BROADCAST_PIECES of a larger one, up to a half (a step per 256 KiB cost 64 MiB at np = 2 half its time).
+BROADCAST_PIECE_BYTES, BROADCAST_PIECES = 256 * 1024, 8
 
 
 class Releasable(Protocol):
