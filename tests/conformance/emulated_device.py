@@ -134,12 +134,16 @@ def install(binding) -> None:
 
 
 class _Event:
-    """An emulated CUDA event: complete unless the stand-in NCCL holds work that never completes."""
+    """An emulated CUDA event: complete unless it was recorded behind work of the stand-in NCCL that never completes
+    (the stand-in's streams are synchronous, so what was recorded before that work is done, as on a GPU stream:
+    reading the stuck state at query time instead failed a collective finished before the stuck one, whenever the
+    watchdog first looked at it after the stuck call was enqueued)."""
 
-    __slots__ = ("backend",)
+    __slots__ = ("backend", "behind_stuck_work")
 
     def __init__(self, backend: "NcclHostBackend"):
         self.backend = backend
+        self.behind_stuck_work = backend.busy()
 
 
 class NcclHostBackend(HostMemoryBackend):
@@ -148,8 +152,8 @@ class NcclHostBackend(HostMemoryBackend):
 
     Each process is its own GPU (its id names the process), the current device is per thread, and what the engine
     asks of the device is recorded in :attr:`calls` (``(what, detail)``) for the tests to read.  Events complete
-    at once unless the stand-in says its emulated GPU is stuck (``standinBusy()``: a collective that never
-    completes, until its communicator is aborted).
+    at once unless recorded while the stand-in says its emulated GPU is stuck (``standinBusy()``: a collective that
+    never completes, until its communicator is aborted).
     """
 
     name = "host-memory-nccl"
@@ -191,7 +195,7 @@ class NcclHostBackend(HostMemoryBackend):
         self.calls.append(("wait", id(event)))
 
     def query(self, event: Any) -> bool:
-        return event is None or not self.busy()
+        return event is None or not (event.behind_stuck_work and self.busy())
 
     def synchronize(self, stream: Any) -> None:
         self._pending_reads.clear()
