@@ -315,8 +315,8 @@ def test_a_collective_that_never_completes_fails_every_rank(tmp_path):
     fails the pending handle with the watchdog's message, aborts its communicators, and fails the next collective."""
     # STANDIN_NCCL_WAIT bounds how long rank 0's stuck call blocks waiting for rank 1 (the stand-in's streams are
     # synchronous), and must stay below the watchdog's timeout; it is also how far apart the ranks may reach the
-    # first collective (warm) and still have it complete: 2 s was too little on a loaded CI machine (warm itself
-    # then never completed and the watchdog rightly named it).
+    # first collective (warm) and still have it complete. (When this test failed naming warm, the cause was the
+    # emulated backend's events, which said "not complete" for work recorded before the stuck call: fixed there.)
     env = standin.env(tmp_path, HOROVOD_GPU_OPERATION_TIMEOUT_SECONDS="8", STANDIN_NCCL_WAIT="5")
     results = run_ranks(_hang_job, 2, env=env, timeout=240, rank_env_overrides={1: {"STANDIN_NCCL_FAIL": "hang:2"}})
     for rank, (polled, committed, waited, after, aborted, busy) in enumerate(results):
