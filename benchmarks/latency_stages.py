@@ -218,20 +218,21 @@ def hot_path_calls(transports: List[str], collectives: List[str]) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=400)
-    ap.add_argument("--transport", default="shm")
+    ap.add_argument("--transport", default=None,
+                    help="shm (default), tcp...; with --hot-path-calls comma-separated (default shm,tcp)")
     ap.add_argument("--python-overhead", action="store_true",
                     help="np = 1: the Python cost per call above the engine, per entry point and layer")
     ap.add_argument("--against", metavar="DIR", help="with --python-overhead: also measure DIR's horovod")
     ap.add_argument("--runs", type=int, default=3, help="with --python-overhead: runs per checkout")
     ap.add_argument("--hot-path-calls", action="store_true",
-                    help="np = 2: Python calls per warm blocking allreduce on the calling thread (transports: "
-                         "--transport, comma-separated; default shm,tcp)")
+                    help="np = 2: Python calls per warm blocking collective (--collectives) on the calling thread "
+                         "(transports: --transport, comma-separated; default shm,tcp)")
     ap.add_argument("--collectives", default="allreduce",
                     help=f"with --hot-path-calls: comma-separated, of {','.join(hot_calls.COLLECTIVES)}")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hot_path_calls:
-        return hot_path_calls(["shm", "tcp"] if args.transport == "shm" else args.transport.split(","),
+        return hot_path_calls((args.transport or "shm,tcp").split(","),
                               args.collectives.split(","))
     if args.python_overhead:
         if args.calls == 400:
@@ -240,6 +241,7 @@ def main() -> int:
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), args.worker[2])
         return 0
+    args.transport = args.transport or "shm"
     print(f"# Stages of one 8-byte allreduce, np = 2, HOROVOD_TRANSPORT={args.transport}, load average "
           f"{os.getloadavg()[0]:.2f}\n")
     print("Median microseconds after the earlier rank's call started (rank 0 is the coordinator).\n")

@@ -204,6 +204,18 @@ def test_latency_stages_stamps_every_stage_of_both_paths():
         assert f"| {stage} |" in proc.stdout, proc.stdout
 
 
+def test_hot_path_calls_counts_each_collective_it_is_asked_for():
+    """``--hot-path-calls --collectives``: a row per collective and rank with a count in the range a warm blocking
+    collective takes (a hot path that fell off the lane or the warm path makes several hundred calls)."""
+    proc = _run(["benchmarks/latency_stages.py", "--hot-path-calls", "--transport", "shm",
+                 "--collectives", "allreduce,alltoall"], timeout=300)
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith(("| allreduce |", "| alltoall |"))]
+    assert [(r[1].strip(), r[2].strip(), r[3].strip()) for r in rows] == [
+        ("allreduce", "shm", "0"), ("allreduce", "shm", "1"), ("alltoall", "shm", "0"), ("alltoall", "shm", "1")], \
+        proc.stdout
+    assert all(20 < float(r[-2]) < 200 for r in rows), proc.stdout
+
+
 def test_the_gloo_peer_runs_in_its_own_torchrun_job_unbound(tmp_path):
     """The Gloo peer is started by torchrun (standalone rendezvous), in a job of its own, never inside this
     project's horovodrun job; its ranks may run on every CPU the driver may (no core binding) with the threads
