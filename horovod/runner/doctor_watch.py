@@ -87,6 +87,10 @@ class HangWatch:
         self._collect_lock = threading.Lock()
         self._seen_request: Optional[bytes] = None
         self._last_collect = -REQUEST_QUIET_S
+        # A collection may still run when the next epoch (or Ray call) begins: its verdict is about the one before,
+        # so it must neither become the new one's nor silence the new one's first stall (REQUEST_QUIET_S).
+        self._verdict_lock = threading.Lock()
+        self._round = 0   # counts fresh_verdict()
         #: A SIGUSR1 that came before every rank reached init(): served once they have (see :meth:`on_request`).
         self._pending = threading.Event()
         self._previous_handler: Any = None   # the SIGUSR1 handler to restore at stop()
@@ -161,7 +165,7 @@ class HangWatch:
         are), wait for the dumps (bounded), write ``launcher.json``, and return (and with ``announce``, print) the
         verdict."""
         with self._collect_lock:
-            began = time.monotonic()
+            began, round_ = time.monotonic(), self._round
             pids = flight_dump.announced(self.store.scope(STORE_SCOPE))
             if signal_ranks:
                 targets = {r: pid for r, pid in flight_dump.local_ranks(pids, _is_local).items()
@@ -182,12 +186,14 @@ class HangWatch:
             except (OSError, ValueError, KeyError) as exc:
                 lines = [f"Horovod doctor: no verdict ({exc!r})"]
             took = time.monotonic() - began
-            self.verdict = "\n".join(lines + [f"  dumps: {self.directory} (collected in {took:.1f} s after "
-                                              f"{reason}); rerun: python -m horovod.doctor {self.directory}"])
+            verdict = "\n".join(lines + [f"  dumps: {self.directory} (collected in {took:.1f} s after {reason}); "
+                                         f"rerun: python -m horovod.doctor {self.directory}"])
             if announce:
-                logger.warning("%s", self.verdict)
-            self._last_collect = time.monotonic()
-            return self.verdict
+                logger.warning("%s", verdict)
+            with self._verdict_lock:
+                if round_ == self._round:   # (else a new epoch began while this one's dumps were collected)
+                    self.verdict, self._last_collect = verdict, time.monotonic()
+            return verdict
 
     def before_stop(self, first: WorkerExit) -> None:
         """A worker failed: collect before the job is stopped, so the failure message can carry the verdict."""
@@ -200,7 +206,8 @@ class HangWatch:
     # -- jobs of several generations (elastic epochs, Ray calls): one watch for all ------------------------------
     def fresh_verdict(self) -> None:
         """A new generation or call: the last verdict was about an earlier one, and a stall is collected at once."""
-        self.verdict, self._last_collect = "", -REQUEST_QUIET_S
+        with self._verdict_lock:
+            self.verdict, self._last_collect, self._round = "", -REQUEST_QUIET_S, self._round + 1
 
     def new_generation(self, generation: int, hosts: Mapping[int, str]) -> None:
         """An elastic job's next epoch: new ranks (their announcements come again), its dumps are waited for."""
