@@ -6,11 +6,14 @@ from typing import Any, Optional
 
 import numpy as np
 
-OPS = ("allreduce", "allreduce-avg", "allreduce-new", "allgather", "broadcast", "alltoall", "reducescatter")
+OPS = ("allreduce", "allreduce-avg", "allreduce-new", "allreduce-async", "allgather", "broadcast", "alltoall",
+       "reducescatter")
 # allreduce-new: the same reduction, but the result is a new array each call (``hvd.allreduce``, not ``allreduce_``);
 # implementations without such a call (Gloo) sit it out.  allreduce-avg: the in-place reduction averaged, the op
 # training uses (hvd: ``op=Average``; Gloo and Open MPI have no average on CPU: their users sum, then divide).
-REDUCTIONS = ("allreduce", "allreduce-avg", "allreduce-new")
+# allreduce-async: in place, started asynchronously and waited for at once (hvd: ``allreduce_async_`` then
+# ``synchronize``; Gloo: ``async_op=True`` then ``wait()``; Open MPI: ``Iallreduce`` then ``Wait``).
+REDUCTIONS = ("allreduce", "allreduce-avg", "allreduce-new", "allreduce-async")
 # Latency patterns: what runs before each timed 8-byte call.
 LATENCY_PATTERNS = ("back to back", "barrier before each", "1 ms compute before each")
 F32 = np.float32

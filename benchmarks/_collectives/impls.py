@@ -18,8 +18,8 @@ class RawImpl:
 
     def bind(self, c: Case) -> Optional[Callable[[], np.ndarray]]:
         t = self.t
-        if c.op == "allreduce-avg":
-            return None  # Average is the engine's (a transport sums)
+        if c.op in ("allreduce-avg", "allreduce-async"):
+            return None  # Average is the engine's (a transport sums), and so are asynchronous calls
         if c.op == "allreduce":
             return lambda: (t.allreduce(c.buf, "sum"), c.buf)[1]
         if c.op == "allreduce-new":
@@ -51,6 +51,8 @@ class EngineImpl:
             return lambda: hvd.allreduce_(c.buf, op=hvd.Average, name=name)
         if c.op == "allreduce-new":
             return lambda: hvd.allreduce(c.buf, op=hvd.Sum, name=name)
+        if c.op == "allreduce-async":
+            return lambda: hvd.synchronize(hvd.allreduce_async_(c.buf, op=hvd.Sum, name=name))
         if c.op == "broadcast":
             return lambda: hvd.broadcast_(c.buf, 0, name=name)
         if c.op == "allgather":
@@ -75,10 +77,12 @@ class GlooImpl:
         if c.op == "allreduce-new":
             return None  # torch.distributed reduces in place only
         t, dist = self.torch.from_numpy, self.dist
-        if c.op in ("allreduce", "allreduce-avg", "broadcast"):
+        if c.op in ("allreduce", "allreduce-avg", "allreduce-async", "broadcast"):
             tb = t(c.buf)
             if c.op == "allreduce":
                 return lambda: (dist.all_reduce(tb), c.buf)[1]
+            if c.op == "allreduce-async":
+                return lambda: (dist.all_reduce(tb, async_op=True).wait(), c.buf)[1]
             if c.op == "allreduce-avg":
                 n = dist.get_world_size()
                 return lambda: (dist.all_reduce(tb), tb.div_(n), c.buf)[2]
@@ -116,6 +120,8 @@ class MpiImpl:
         MPI, comm = self.MPI, self.comm
         if c.op == "allreduce":
             return lambda: (comm.Allreduce(MPI.IN_PLACE, c.buf, op=MPI.SUM), c.buf)[1]
+        if c.op == "allreduce-async":
+            return lambda: (comm.Iallreduce(MPI.IN_PLACE, c.buf, op=MPI.SUM).Wait(), c.buf)[1]
         if c.op == "allreduce-avg":
             n = F32(comm.Get_size())
             return lambda: (comm.Allreduce(MPI.IN_PLACE, c.buf, op=MPI.SUM), np.divide(c.buf, n, out=c.buf))[1]

@@ -29,7 +29,9 @@ def render(ops: List[str], res: Results, memcpy: Dict[int, float], info: Dict[st
     for k, v in info.items():
         add(f"- **{k}**: {v}")
     add("")
-    add("Method: float32, sum (allreduce-avg: the average; Gloo and Open MPI sum, then divide in place). Size = "
+    add("Method: float32, sum (allreduce-avg: the average; Gloo and Open MPI sum, then divide in place; "
+        "allreduce-async: started asynchronously and waited for at once: `allreduce_async_` + `synchronize`, Gloo's "
+        "`async_op=True` + `wait()`, Open MPI's `Iallreduce` + `Wait`). Size = "
         "the nccl-tests size (allreduce/broadcast: the buffer; allgather: the gathered output; reducescatter: "
         "the input; alltoall: one rank's send buffer). Time = median over rounds of the "
         "slowest rank's mean per call in a batch timed between barriers; implementations in one job alternate "
