@@ -45,7 +45,7 @@ def bus_factor(op: str, nranks: int) -> float:
     """nccl-tests' busbw / algbw: the share of the message every rank must send over its slowest link."""
     if nranks <= 1:
         return 1.0
-    if op.startswith("allreduce"):  # the same reduction: averaged, into a new array, asynchronous
+    if op in ("allreduce", "allreduce-avg", "allreduce-new", "allreduce-async"):  # averaged, new array, asynchronous
         return 2.0 * (nranks - 1) / nranks
     if op in ("allgather", "reducescatter", "alltoall"):
         return (nranks - 1) / nranks
