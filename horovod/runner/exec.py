@@ -29,6 +29,11 @@ logger = logging.getLogger(__name__)
 #: Seconds between SIGTERM and SIGKILL when stopping workers.
 DEFAULT_GRACE_SECONDS = 5.0
 
+#: Longest a launcher's main thread blocks in one wait.  Python runs signal handlers only in the main thread, and
+#: only when it runs: a SIGINT the kernel hands to one of the launcher's other threads (output readers, watchers)
+#: interrupts no wait of the main thread, so an untimed wait could miss Ctrl-C until something else woke it.
+SIGNAL_CHECK_SECONDS = 0.5
+
 #: Seconds a rank that the others reported as failed may keep running once every other rank has exited, before
 #: the launcher stops it and fails the job (a frozen rank never exits by itself; its peers may exit cleanly).
 BLAMED_RANK_GRACE_SECONDS = 10.0
@@ -225,6 +230,15 @@ def terminate(procs: Sequence[subprocess.Popen], grace_seconds: float = DEFAULT_
             logger.error("worker pid %s survived SIGKILL", proc.pid)
 
 
+def wait_interruptibly(proc: subprocess.Popen) -> int:
+    """``proc.wait()`` in steps of SIGNAL_CHECK_SECONDS, so that the caller's signal handlers run meanwhile."""
+    while True:
+        try:
+            return proc.wait(timeout=SIGNAL_CHECK_SECONDS)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def _start(spec: WorkerSpec) -> subprocess.Popen:
     _, start = starter_for(spec.hostname)
     try:
@@ -306,12 +320,13 @@ def run_workers(specs: Sequence[WorkerSpec], sink: OutputSink,
                              daemon=True).start()
         left_blamed_since: Optional[float] = None
         while len(exits) < len(procs):
-            # Ctrl-C and the launcher's signal handlers interrupt the wait; once somebody exited, wake up now
-            # and then to notice ranks that the others reported as failed and that stay alive.
+            # Timed, so that the launcher's signal handlers run (SIGNAL_CHECK_SECONDS); once somebody exited, the
+            # wake-ups also notice ranks that the others reported as failed and that stay alive.
             try:
-                rank, code = events.get(timeout=1.0 if exits and blamed is not None else None)
+                rank, code = events.get(timeout=SIGNAL_CHECK_SECONDS)
             except queue.Empty:
-                assert blamed is not None   # the wait above has a timeout only when it is set
+                if not exits or blamed is None:
+                    continue
                 frozen = _stuck_blamed(set(procs) - set(exits), blamed)
                 if not frozen:
                     left_blamed_since = None

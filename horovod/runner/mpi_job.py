@@ -34,7 +34,8 @@ from typing import IO, Callable, Deque, Dict, List, Mapping, Optional, Sequence,
 from horovod.common.util import module_installed
 from horovod.engine import config
 from horovod.runner import mpi_run
-from horovod.runner.exec import JobFailedError, LaunchNotAvailableError, WorkerExit, die_with_launcher, terminate
+from horovod.runner.exec import (JobFailedError, LaunchNotAvailableError, WorkerExit, die_with_launcher, terminate,
+                                 wait_interruptibly)
 from horovod.runner.hosts import HostInfo, get_host_assignments
 from horovod.runner.job import JobSettings, remote_plan
 from horovod.runner.output import prefix, rank_dir
@@ -379,7 +380,7 @@ def run_mpi_job(settings: JobSettings, parent_env: Mapping[str, str],
         except OSError as exc:
             raise LaunchNotAvailableError(f"--mpi: cannot run {mpirun}: {exc}") from None
         output.attach({"stdout": proc.stdout, "stderr": proc.stderr})
-        returncode = proc.wait()   # Ctrl-C / SIGTERM interrupt this; the finally clause stops mpirun
+        returncode = wait_interruptibly(proc)   # Ctrl-C / SIGTERM end it; the finally clause stops mpirun
     finally:
         if proc is not None:
             terminate([proc], settings.grace_seconds)
