@@ -25,7 +25,10 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # after the plane failed). Issue 36 raised it by 85 for hierarchical allreduce on GPUs (HierarchicalPlane in
 # horovod/engine/device_nccl.py, the set's host communicators in device_executor.py), after the host and NCCL
 # executors' two copies of the per-kind algorithms became one (horovod/engine/algorithms.py, memory.py: net +7).
-CORE_BUDGET = 16835
+# Session 16 raised it by 205 for the hold (horovod/engine/hold.py and its users in intake.py and drive.py): a lone
+# asynchronous call waited for at once takes the fast lane (8 B at np = 2: 365 -> 21 us), and the background thread
+# waits for a hold to end without taking the GIL or the drive lock from the caller.
+CORE_BUDGET = 17040
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {

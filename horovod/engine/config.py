@@ -201,6 +201,10 @@ class Config:
         256 * 1024, "HOROVOD_FAST_LANE_BYTES", "Largest collective the fast lane takes (bytes; at most 256 KiB, "
         "the lane's payload area, and at most 512 KiB / the number of ranks: every rank reads every payload).",
         minimum=0, maximum=256 * 1024)
+    fast_lane_hold_us: float = knob(
+        200.0, "HOROVOD_FAST_LANE_HOLD_US", "Microseconds a lone asynchronous collective the fast lane could take "
+        "waits before it goes the coordinator's way: if its caller waits for it meanwhile, it takes the lane as a "
+        "blocking call (0 disables).", minimum=0, maximum=1_000_000)
     # Spinning is bounded: a second of busy waiting per collective is already far past any use.
     spin_us: float = knob(
         100.0, "HOROVOD_SPIN_US", "Microseconds a rank waiting for its collective re-checks the control plane "

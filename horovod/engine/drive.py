@@ -28,6 +28,7 @@ from horovod.engine.coordination import Coordination
 from horovod.engine.engine_state import EngineState
 from horovod.engine.errors import SHUTDOWN_MESSAGE, HorovodInternalError, PeerFailureError
 from horovod.engine.follower import Follower
+from horovod.engine.hold import Hold
 from horovod.engine.job import forked_error
 from horovod.engine.messages import Response
 from horovod.engine.outbox import Outbox
@@ -71,6 +72,10 @@ class Driver:
             selector.register(fd, selectors.EVENT_READ, "lane")   # partners waiting for this rank's entries
         self._park = threading.Condition(threading.Lock())
         self._background_wanted = False
+        self._outwaiting = False   # the background thread waits for a hold to end: calls need not wake it
+        self._urgent = False       # ... but an urgent call does
+        #: A lone asynchronous call held for its caller (:mod:`horovod.engine.hold`); set with the fast lane.
+        self.hold: Optional[Hold] = None
         self.thread = threading.Thread(target=self._run, name="horovod-background", daemon=True)
 
     # -- who drives -----------------------------------------------------------------------------------------------
@@ -133,7 +138,8 @@ class Driver:
         state = self.state
         if state.dead is not None:
             return False
-        if state.stop_requested or (state.inflight and state.size > 1):
+        if state.stop_requested or (state.inflight and state.size > 1
+                                    and not (self.hold is not None and self.hold.holding())):
             return True   # a job of one process runs its entries in the caller (Intake.run_alone)
         warm = state.warm
         if warm is not None and (warm.state.in_round or warm.deferred):
@@ -144,12 +150,16 @@ class Driver:
         # Rank 0 serves process sets it is not a member of, and holds ready responses during a cycle-time window.
         return bool(coordination.held) or coord.has_ready() or state.serves_outsiders
 
-    def call_background(self) -> None:
-        if self._background_wanted:
+    def call_background(self, urgent: bool = False) -> None:
+        """Have the background thread drive; ``urgent``: now, even while it waits for a hold to end (shutdown, a
+        failure), which a new call does not need (its own hold ends later)."""
+        if self._background_wanted and not urgent:
             return   # already called: it will drive for as long as anything is in flight
         with self._park:
             self._background_wanted = True
-            self._park.notify()
+            self._urgent = self._urgent or urgent
+            if urgent or not self._outwaiting:
+                self._park.notify()
 
     def _park_background(self) -> bool:
         """Block the background thread until it is needed; False when woken only by the idle-poll timer."""
@@ -161,6 +171,31 @@ class Driver:
             self._background_wanted = False
             return True
 
+    def _outwait_hold(self, hold: Hold) -> bool:
+        """Let a held call's caller take it first: sleep until its hold ends, taking neither the GIL nor the drive
+        lock from the caller. Whether progress is needed then (a hold to end, or anything else)."""
+        with self._park:
+            self._outwaiting = True
+            try:
+                while not self._urgent:
+                    due = hold.due()   # (a later call's hold when the caller took this one and issued another)
+                    if due is None:
+                        return self.needs_background()
+                    left = due - time.monotonic()
+                    if left <= 0:
+                        return True
+                    self._park.wait(left)
+                return True
+            finally:
+                self._outwaiting = self._urgent = False
+
+    def _end_hold(self, hold: Hold) -> None:
+        """Holding the drive lock: a call whose hold ended is numbered slow and queued as any asynchronous call."""
+        with self.state.lock:
+            request = hold.release(ended_by=time.monotonic())
+        if request is not None:
+            self.outbox.add([request])
+
     def _run(self) -> None:
         self._pin_thread()
         state = self.state
@@ -168,6 +203,9 @@ class Driver:
             needed = self._park_background()
             if state.dead is not None:
                 return
+            hold = self.hold
+            if needed and hold is not None and not self._outwait_hold(hold):
+                continue   # the caller took it and is done: nothing to drive
             # A caller that drives polls as it goes; when it is done it calls us back if anything else is still
             # in flight.
             if not state.drive_lock.acquire(blocking=needed, timeout=1.0 if needed else -1):
@@ -224,6 +262,8 @@ class Driver:
         """Wait up to ``timeout`` for control traffic, then negotiate and execute what is ready."""
         state = self.state
         coord = state.coordinator
+        if self.hold is not None and self.hold.due() is not None:
+            self._end_hold(self.hold)
         if self.outbox.queued:
             try:
                 self.outbox.flush()
@@ -319,6 +359,9 @@ class Driver:
             due = self.coordination.due_in()
             if due is not None:
                 timeouts.append(due)
+        due = self.hold.due() if self.hold is not None else None
+        if due is not None:
+            timeouts.append(max(0.0, due - time.monotonic()))
         if state.warm is not None:
             deadline = state.warm.next_deadline()
             if deadline is not None:

@@ -39,23 +39,36 @@ class LaneUse:
         """Under the state's lock: propose a lone blocking collective on the lane (returns its lane number, holding
         the drive lock, and whether its data travels on the board: both for :meth:`settle`), or post slow entries
         for the requests (returns ``(0, False)``)."""
-        state, lane, coordination = self.state, self.lane, self.driver.coordination
-        if (attended and len(entries) == 1 and not state.inflight and not self.outbox.queued
+        state, lane = self.state, self.lane
+        on_board = self.placement(entries) if attended else None
+        if on_board is not None and state.drive_lock.acquire(blocking=False):
+            entry = entries[0]
+            seq = lane.propose(entry.request, entry.tensor, on_board)
+            if not seq:
+                state.drive_lock.release()
+            return seq, on_board
+        lane.note([e.request for e in entries], state.spanning)
+        return 0, False
+
+    def placement(self, entries: List[Entry]) -> Optional[bool]:
+        """Under the state's lock: whether ``entries`` are one collective the lane may take now, and how
+        (:meth:`horovod.engine.fast_lane.FastLane.placement`); None when they are not."""
+        state, coordination = self.state, self.driver.coordination
+        if (len(entries) == 1 and not state.inflight and not self.outbox.queued
                 and (coordination is None or not coordination.held)   # (rank 0 holds no responses back)
                 and not state.timeline.enabled
                 # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
                 # and a rank that passes it where another passes the global set posts no entry the proposer could
                 # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
                 and state.every_set_spans):
-            entry = entries[0]
-            on_board = lane.placement(entry.request, entry.tensor)
-            if on_board is not None and state.drive_lock.acquire(blocking=False):
-                seq = lane.propose(entry.request, entry.tensor, on_board)
-                if not seq:
-                    state.drive_lock.release()
-                return seq, on_board
-        lane.note([e.request for e in entries], state.spanning)
-        return 0, False
+            return self.lane.placement(entries[0].request, entries[0].tensor)
+        return None
+
+    def propose_held(self, entry: Entry, on_board: bool) -> int:
+        """Under the state's lock and holding the drive lock: propose a held call (:mod:`horovod.engine.hold`) whose
+        caller now waits for it; its lane number for :meth:`settle`, or 0 when it was posted slow."""
+        entry.request.blocking = True   # as if issued blocking: its caller waits for it
+        return self.lane.propose(entry.request, entry.tensor, on_board)
 
     def settle(self, seq: int, entry: Entry, on_board: bool) -> bool:
         """Decide lane number ``seq`` (holding the drive lock; ``on_board`` as :meth:`post` said); True when the

@@ -34,6 +34,7 @@ from horovod.engine.executor import Executor
 from horovod.engine.fast_lane import FastLane
 from horovod.engine.flight_recorder import FlightRecorder
 from horovod.engine.follower import Follower
+from horovod.engine.hold import Hold
 from horovod.engine.intake import Intake
 from horovod.engine.job import NO_JOB, JobLinks, ProcessSetInfo
 from horovod.engine.lane_use import LaneUse
@@ -108,7 +109,9 @@ class Runtime:
         self.driver = Driver(state, self.teardown, self.follower, self.outbox, self.responses, self.coordination,
                              spinner)
         self.lane_use = LaneUse(state, state.lane, self.driver, self.outbox) if state.lane is not None else None
-        self.intake = Intake(state, self.outbox, self.driver, self.lane_use)
+        if state.lane is not None and config.fast_lane_hold_us > 0:
+            self.driver.hold = Hold(state, state.lane, config.fast_lane_hold_us / 1e6)
+        self.intake = Intake(state, self.outbox, self.driver, self.lane_use, self.driver.hold)
         #: Queue entries for negotiation (:meth:`horovod.engine.intake.Intake.enqueue`): the intake's own bound
         #: method, so the seam costs no frame of its own on every collective.
         self.enqueue = self.intake.enqueue
@@ -119,7 +122,7 @@ class Runtime:
 
     def _on_device_failure(self, error: BaseException) -> None:
         self.state.wakeup.wake()
-        self.driver.call_background()
+        self.driver.call_background(urgent=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> "Runtime":
@@ -135,7 +138,7 @@ class Runtime:
         with state.lock:
             state.stop_requested = True
         state.wakeup.wake()
-        self.driver.call_background()
+        self.driver.call_background(urgent=True)
         self.driver.thread.join(timeout)
         self.teardown.close_all()
 
