@@ -101,7 +101,12 @@ def watch():
 for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
     signal.signal(sig, stop)
 threading.Thread(target=watch, daemon=True).start()
-code = child.wait()
+while True:   # in steps: a signal the kernel hands the watch thread runs its handler only when this thread runs
+    try:
+        code = child.wait(timeout=0.5)
+        break
+    except subprocess.TimeoutExpired:
+        pass
 kill(signal.SIGKILL if stopping else signal.SIGTERM)
 sys.stderr.flush()
 os._exit(code if code >= 0 else 128 - code)
