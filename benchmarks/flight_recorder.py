@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 if __package__ in (None, ""):  # run as a script: make the checkout (``benchmarks`` and ``horovod``) importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +41,7 @@ def hooks_ns(n: int = 200_000) -> float:
     rec = FlightRecorder(2000)
     req = Request(0, "allreduce.x", ops.ALLREDUCE, "float32", (2,))
     resp = Response(ops.ALLREDUCE, ["allreduce.x"])
-    batch, _responses = [req], [resp]
+    batch = [SimpleNamespace(request=req)]   # the entries of one call, as the intake passes them
     start = time.perf_counter()
     for _ in range(n):
         rec.enqueued(batch)

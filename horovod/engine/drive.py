@@ -140,7 +140,7 @@ class Driver:
             return False
         if state.stop_requested or (state.inflight and state.size > 1
                                     and not (self.hold is not None and self.hold.holding())):
-            return True   # a job of one process runs its entries in the caller (Intake.run_alone)
+            return True   # a job of one process runs its entries in the caller (agreement.Alone)
         warm = state.warm
         if warm is not None and (warm.state.in_round or warm.deferred):
             return True   # everyone waits for this rank's round; its messages wait for the round
@@ -188,13 +188,6 @@ class Driver:
                 return True
             finally:
                 self._outwaiting = self._urgent = False
-
-    def _end_hold(self, hold: Hold) -> None:
-        """Holding the drive lock: a call whose hold ended is numbered slow and queued as any asynchronous call."""
-        with self.state.lock:
-            request = hold.release(ended_by=time.monotonic())
-        if request is not None:
-            self.outbox.add([request])
 
     def _run(self) -> None:
         self._pin_thread()
@@ -263,7 +256,7 @@ class Driver:
         state = self.state
         coord = state.coordinator
         if self.hold is not None and self.hold.due() is not None:
-            self._end_hold(self.hold)
+            self.hold.end(ended_by=time.monotonic())   # numbered slow, queued as any asynchronous call
         if self.outbox.queued:
             try:
                 self.outbox.flush()

@@ -1,10 +1,10 @@
 """The running engine's state: one typed object that every part of the engine works on.
 
-The engine's parts (:mod:`~horovod.engine.intake`, :mod:`~horovod.engine.outbox`, :mod:`~horovod.engine.drive`,
-:mod:`~horovod.engine.follower`, :mod:`~horovod.engine.coordination`, :mod:`~horovod.engine.responses`,
-:mod:`~horovod.engine.teardown`, the fast lane's :class:`~horovod.engine.fast_lane.LaneUse`) each hold this object
-and the few other parts they call, passed explicitly; none reaches into another's private attributes. What is
-shared lives here under public names, with the lock that guards it.
+The engine's parts (:mod:`~horovod.engine.intake`, :mod:`~horovod.engine.agreement`, :mod:`~horovod.engine.outbox`,
+:mod:`~horovod.engine.drive`, :mod:`~horovod.engine.follower`, :mod:`~horovod.engine.coordination`,
+:mod:`~horovod.engine.responses`, :mod:`~horovod.engine.teardown`, :class:`~horovod.engine.lane_use.LaneUse`)
+each hold this object and the few other parts they call, passed explicitly; none reaches into another's private
+attributes. What is shared lives here under public names, with the lock that guards it.
 """
 from __future__ import annotations
 

@@ -47,14 +47,15 @@ class FlightRecorder:
     # -- hot path (called by the engine; must stay a tuple append) -------------------------------------------
     # Events hold only strings, numbers and the engine's own name lists, never the Request / Response objects:
     # keeping thousands of those alive would make the garbage collector promote and rescan them.
-    def enqueued(self, requests: Sequence[Any]) -> None:
-        """Called on the thread that issued the collectives: its id is recorded, so the doctor names the line of
-        that thread (a collective issued from a worker thread, not the main thread's ``join()``)."""
+    def enqueued(self, entries: Sequence[Any]) -> None:
+        """Called on the thread that issued the collectives (``entries``: theirs): its id is recorded, so the doctor
+        names the line of that thread (a collective issued from a worker thread, not the main thread's ``join()``)."""
         if self.enabled:
             now = time.monotonic()
             thread = threading.get_ident()
             append = self._events.append
-            for req in requests:
+            for entry in entries:
+                req = entry.request
                 self._count += 1
                 append((now, ENQUEUED, req.process_set, req.name, req.kind, req.dtype, req.shape, req.device,
                         self._count, thread))

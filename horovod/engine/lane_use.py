@@ -1,20 +1,25 @@
-"""The engine's side of the fast lane (:mod:`horovod.engine.fast_lane`): posting every request on the lane, and
-deciding a lone blocking small collective there when every rank proposed it."""
+"""The engine's side of the fast lane (:mod:`horovod.engine.fast_lane`), as the engine's
+:class:`~horovod.engine.agreement.Agreement` where the transport offers a lane: every request is numbered on the
+lane; a lone blocking small collective is decided there when every rank proposed it, a lone asynchronous one is held
+a moment for its caller (:mod:`horovod.engine.hold`), and what the lane does not decide goes to the coordinator."""
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from horovod.engine import ops, result_pool
+from horovod.engine.agreement import Admission, Coordinated
 from horovod.engine.drive import Driver
 from horovod.engine.engine_state import EngineState
 from horovod.engine.errors import SHUTDOWN_MESSAGE, StallError
 from horovod.engine.fast_lane import FastLane
-from horovod.engine.negotiation import reduce_payloads
-from horovod.engine.handles import Entry, HostEntry
+from horovod.engine.handles import Entry, Handle, HostEntry
+from horovod.engine.hold import Hold
 from horovod.engine.messages import Request, Response
+from horovod.engine.negotiation import reduce_payloads
 from horovod.engine.outbox import Outbox
 from horovod.transport.base import TransportError
 
@@ -27,29 +32,84 @@ class LaneUse:
         lane: this rank's fast lane.
         driver: the drive loop (the housekeeping a waiting rank does, and who drives after it).
         outbox: requests not yet handed to the coordinator (a proposal needs it empty).
+        then: where what the lane does not decide goes.
+        hold: where a lone asynchronous call waits a moment for its caller (None: never held).
     """
 
-    def __init__(self, state: EngineState, lane: FastLane, driver: Driver, outbox: Outbox):
+    def __init__(self, state: EngineState, lane: FastLane, driver: Driver, outbox: Outbox, then: Coordinated,
+                 hold: Optional[Hold] = None):
         self.state = state
         self.lane = lane
         self.driver = driver
         self.outbox = outbox
+        self.then = then
+        self.hold = hold
 
-    def post(self, entries: List[Entry], attended: bool) -> Tuple[int, bool]:
-        """Under the state's lock: propose a lone blocking collective on the lane (returns its lane number, holding
-        the drive lock, and whether its data travels on the board: both for :meth:`settle`), or post slow entries
-        for the requests (returns ``(0, False)``)."""
-        state, lane = self.state, self.lane
-        on_board = self.placement(entries) if attended else None
-        if on_board is not None and state.drive_lock.acquire(blocking=False):
-            entry = entries[0]
-            seq = lane.propose(entry.request, entry.tensor, on_board)
+    # -- the Agreement ------------------------------------------------------------------------------------------
+    def admit(self, entries: List[Entry], attended: bool) -> Admission:
+        """Under the state's lock: number the call on the lane (a held call first, before it), hold it, or propose
+        it (holding the drive lock when it is proposed). The ticket: ``(the released hold's request, the lane
+        number or 0 when posted slow, whether the data travels on the board)``, or None when held."""
+        state, lane, hold = self.state, self.lane, self.hold
+        released: Optional[Request] = None
+        if hold is not None:
+            if hold.entry is not None:
+                released = hold.release()   # a held call is numbered before anything issued after it
+            if not attended and released is None:
+                placement = self.placement(entries)
+                if placement is not None:
+                    hold.keep(entries[0], placement)
+                    return self.drive_held, None
+        if attended:
+            on_board = self.placement(entries)
+            if on_board is not None and state.drive_lock.acquire(blocking=False):
+                entry = entries[0]
+                seq = lane.propose(entry.request, entry.tensor, on_board)
+                if not seq:
+                    state.drive_lock.release()
+                return self.driver.drive, (released, seq, on_board)
+        lane.note([e.request for e in entries], state.spanning)
+        return self.driver.drive, (released, 0, False)
+
+    def carry(self, ticket: Any, entries: List[Entry], attended: bool) -> None:
+        """Settle a proposal on the lane; what it does not decide goes to the coordinator."""
+        if ticket is None:   # held
+            self.driver.call_background()   # it ends the hold unless the caller waits first
+            return
+        released, seq, on_board = ticket
+        if released is not None:
+            self.outbox.add([released])
+        if seq and self.settle(seq, entries[0], on_board):
+            return
+        self.then.carry(None, entries, attended)
+
+    def drive_held(self, handle: Handle, timeout: Optional[float] = None) -> None:
+        """The driver of a held call's handle: its caller waits for it now, so it goes on the fast lane as a
+        blocking call would have; once it is no longer held, :meth:`Driver.drive`."""
+        state, hold = self.state, self.hold
+        assert hold is not None, "only a lane with a hold holds calls"
+        if timeout is not None:   # the lane waits for every rank, however long: the coordinator's way
+            hold.end()
+            self.driver.drive(handle, timeout)
+            return
+        # Whoever holds the drive lock now (the background thread, looking whether it is needed) lets go of it
+        # soon, or ends the hold itself when the hold is over.
+        due = hold.due()
+        if state.drive_lock.acquire(timeout=0.0 if due is None else max(0.0, due - time.monotonic())):
+            seq = 0
+            with state.lock:
+                entry, on_board = hold.take(handle)
+                if entry is not None:
+                    seq = self.propose_held(entry, on_board)
             if not seq:
                 state.drive_lock.release()
-            return seq, on_board
-        lane.note([e.request for e in entries], state.spanning)
-        return 0, False
+            elif entry is not None and self.settle(seq, entry, on_board):   # (releases the drive lock)
+                return
+            if entry is not None:   # not decided on the lane: the coordinator's way, driven right here
+                self.then.carry(None, [entry], attended=True)
+        self.driver.drive(handle, timeout)
 
+    # -- the lane -----------------------------------------------------------------------------------------------
     def placement(self, entries: List[Entry]) -> Optional[bool]:
         """Under the state's lock: whether ``entries`` are one collective the lane may take now, and how
         (:meth:`horovod.engine.fast_lane.FastLane.placement`); None when they are not."""

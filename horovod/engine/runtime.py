@@ -5,15 +5,17 @@
 work is done by parts, each over the one typed :class:`~horovod.engine.engine_state.EngineState` and the few other
 parts it calls, passed explicitly:
 
-* :class:`~horovod.engine.intake.Intake` — a collective's entry: checks, the fast lane, a job of one, the outbox;
+* :class:`~horovod.engine.intake.Intake` — a collective's entry: the checks a rank makes alone, then the engine's
+  :class:`~horovod.engine.agreement.Agreement` (a job of one, the coordinator with the warm path, or the fast lane
+  in front of them);
 * :class:`~horovod.engine.outbox.Outbox` — requests on their way to the coordinator;
 * :class:`~horovod.engine.drive.Driver` — who makes progress and what one step is (the background thread);
 * :class:`~horovod.engine.follower.Follower` — the coordinator's messages on every rank;
 * :class:`~horovod.engine.coordination.Coordination` — rank 0's negotiation step;
 * :class:`~horovod.engine.responses.Responses` — carrying responses out through the executor;
 * :class:`~horovod.engine.teardown.Teardown` — leaving and failing;
-* :class:`~horovod.engine.lane_use.LaneUse` and :class:`~horovod.engine.warm.WarmPath` — the fast lane and the
-  warm path's rounds, when the transport offers their boards.
+* :class:`~horovod.engine.lane_use.LaneUse` and :class:`~horovod.engine.warm.WarmPath` — the fast lane (an
+  agreement) and the warm path's rounds, when the transport offers their boards.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import os
 from typing import Dict, Optional, Sequence
 
 from horovod.engine import flight_dump
+from horovod.engine.agreement import Agreement, Alone, Coordinated
 from horovod.engine.autotune import Autotuner
 from horovod.engine.boards import LaneBoard, RoundBoard
 from horovod.engine.cache import CoordinatorCache, RequestCache
@@ -108,10 +111,8 @@ class Runtime:
                              if rank == 0 else None)
         self.driver = Driver(state, self.teardown, self.follower, self.outbox, self.responses, self.coordination,
                              spinner)
-        self.lane_use = LaneUse(state, state.lane, self.driver, self.outbox) if state.lane is not None else None
-        if state.lane is not None and config.fast_lane_hold_us > 0:
-            self.driver.hold = Hold(state, state.lane, config.fast_lane_hold_us / 1e6)
-        self.intake = Intake(state, self.outbox, self.driver, self.lane_use, self.driver.hold)
+        self.agreement = self._agreement()
+        self.intake = Intake(state, self.agreement)
         #: Queue entries for negotiation (:meth:`horovod.engine.intake.Intake.enqueue`): the intake's own bound
         #: method, so the seam costs no frame of its own on every collective.
         self.enqueue = self.intake.enqueue
@@ -119,6 +120,18 @@ class Runtime:
         executor.on_device_failure = self._on_device_failure
         if state.lane is not None:   # [hang doctor] a stall on the lane dumps like the coordinator's
             state.lane.on_stall = lambda: flight_dump.on_stall_warning(state)
+
+    def _agreement(self) -> Agreement:
+        """This engine's strategy of agreement (:mod:`horovod.engine.agreement`): one per situation."""
+        state, driver = self.state, self.driver
+        if state.size == 1:
+            return Alone(state, driver)
+        coordinated = Coordinated(state, self.outbox, driver)
+        if state.lane is None:
+            return coordinated
+        hold_us = state.config.fast_lane_hold_us
+        driver.hold = Hold(state, state.lane, self.outbox, hold_us / 1e6) if hold_us > 0 else None
+        return LaneUse(state, state.lane, driver, self.outbox, coordinated, driver.hold)
 
     def _on_device_failure(self, error: BaseException) -> None:
         self.state.wakeup.wake()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,13 +20,18 @@ from horovod.engine.messages import ERROR, Request, Response
 
 # -- the recorder ----------------------------------------------------------------------------------------------
 
+def issued(*requests: Request) -> list:
+    """The entries of ``requests`` as the intake hands them to the recorder (it reads each one's request)."""
+    return [SimpleNamespace(request=r) for r in requests]
+
+
 def test_recorder_follows_a_collective_through_its_states():
     rec = FlightRecorder(10)
     a = Request(0, "allreduce.a", ops.ALLREDUCE, "float32", (4, 2))
     b = Request(0, "allgather.b", ops.ALLGATHER, "int64", (3,), process_set=2, device=1)
     c = Request(0, "allreduce.c", ops.ALLREDUCE, "float16", (8,))
-    rec.enqueued([a, b])
-    rec.enqueued([c])
+    rec.enqueued(issued(a, b))
+    rec.enqueued(issued(c))
     resp_a = Response(ops.ALLREDUCE, ["allreduce.a"])
     rec.negotiated()
     rec.started(resp_a)
@@ -46,7 +52,7 @@ def test_recorder_keeps_only_its_capacity_and_counts_everything():
     rec = FlightRecorder(5)
     for i in range(50):
         req = Request(0, f"allreduce.t{i}", ops.ALLREDUCE, "float32", (1,))
-        rec.enqueued([req])
+        rec.enqueued(issued(req))
         resp = Response(ops.ALLREDUCE, [req.name])
         rec.negotiated()
         rec.started(resp)
@@ -61,7 +67,7 @@ def test_recorder_finishes_what_completes_without_running():
     """Joins and process-set changes complete without a data-plane run: they must not look pending."""
     rec = FlightRecorder(4)
     req = Request(0, "add_process_set.x", ops.ADD_PROCESS_SET, "uint8", ())
-    rec.enqueued([req])
+    rec.enqueued(issued(req))
     rec.negotiated()
     rec.finished(Response(ops.ADD_PROCESS_SET, [req.name]))
     (only,) = rec.snapshot()
@@ -72,12 +78,12 @@ def test_recorder_finishes_what_completes_without_running():
 def test_recorder_lane_and_disabled_and_bad_capacity():
     rec = FlightRecorder(3)
     req = Request(0, "allreduce.x", ops.ALLREDUCE, "float32", (2,))
-    rec.enqueued([req])
+    rec.enqueued(issued(req))
     rec.lane_done(req)
     (only,) = rec.snapshot()
     assert only["state"] == "done" and only["negotiated"] == only["started"] == only["finished"]
     off = FlightRecorder(0)
-    off.enqueued([req])
+    off.enqueued(issued(req))
     assert off.snapshot() == [] and off.count == 0
     with pytest.raises(ValueError, match="HOROVOD_FLIGHT_RECORDER_SIZE"):
         FlightRecorder(-1)
