@@ -28,9 +28,10 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # Session 16 raised it by 205 for the hold (horovod/engine/hold.py and its users in intake.py and drive.py): a lone
 # asynchronous call waited for at once takes the fast lane (8 B at np = 2: 365 -> 21 us), and the background thread
 # waits for a hold to end without taking the GIL or the drive lock from the caller.
-# Session 17 raised it by 90 for one agreement interface (horovod/engine/agreement.py: Alone, Coordinated, the lane
-# in front of them), which took the routes out of intake.py and the hold's release-and-queue out of three places.
-CORE_BUDGET = 17130
+# Session 17 raised it by 95: 85 for one agreement interface (horovod/engine/agreement.py: Alone, Coordinated, the
+# lane in front of them), which took the routes out of intake.py and the hold's release-and-queue out of three
+# places; 10 for the fast lane's limit per kind (moves up to 1 MiB on the board: a 1 MiB broadcast at np = 2 1.6x).
+CORE_BUDGET = 17135
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {

@@ -198,9 +198,11 @@ class Config:
         "HOROVOD_FAST_LANE_BYTES through shared memory and reduce them themselves, in one synchronisation, without "
         "the coordinator; anything else, or a mismatch, takes the coordinator path (0 disables).")
     fast_lane_bytes: int = knob(
-        256 * 1024, "HOROVOD_FAST_LANE_BYTES", "Largest collective the fast lane takes (bytes; at most 256 KiB, "
-        "the lane's payload area, and at most 512 KiB / the number of ranks: every rank reads every payload).",
-        minimum=0, maximum=256 * 1024)
+        1024 * 1024, "HOROVOD_FAST_LANE_BYTES", "Largest payload a rank posts on the fast lane (bytes; at most "
+        "the lane's payload area: 1 MiB on shared memory, 256 KiB over TCP; an allreduce's at most 512 KiB / the "
+        "number of ranks, since every rank reads and reduces every payload, an alltoall's and a reducescatter's at "
+        "most 512 KiB); larger collectives are agreed on the lane and carried by the data plane.",
+        minimum=0, maximum=1024 * 1024)
     fast_lane_hold_us: float = knob(
         200.0, "HOROVOD_FAST_LANE_HOLD_US", "Microseconds a lone asynchronous collective the fast lane could take "
         "waits before it goes the coordinator's way: if its caller waits for it meanwhile, it takes the lane as a "

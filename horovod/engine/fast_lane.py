@@ -3,7 +3,8 @@
 The coordinator path costs a small collective two control-plane hops with Python at both ends of each (or, warm,
 a round and then the data-plane collective: two synchronisations); a rank that has just computed for a while also
 has to be woken for each hop. A lone blocking allreduce, broadcast, allgather, reducescatter or alltoall of at most
-``HOROVOD_FAST_LANE_BYTES`` (256 KiB, and 512 KiB over all ranks' payloads) does better. Each rank posts its
+``HOROVOD_FAST_LANE_BYTES`` per rank (1 MiB on shared memory, 256 KiB over TCP; an allreduce's 512 KiB over all
+ranks' payloads, an alltoall's and a reducescatter's 512 KiB) does better. Each rank posts its
 request's digest and its bytes on a board — in shared memory on one host (:mod:`horovod.engine.lane_board`), else
 passed among log2(size) partners over TCP (:mod:`horovod.engine.tcp_lane`); a broadcast's non-root ranks post no
 bytes — and when every rank posted the same digest for the same lane number,
@@ -74,8 +75,16 @@ class FastLane:
                  limit: Optional[int] = None):
         self.board = board
         self.size = size
-        # Every rank reads every payload: past READ_BUDGET bytes in all, the data plane's steps cost less.
-        self.limit = min(board.capacity, READ_BUDGET // size, board.capacity if limit is None else limit)
+        cap = board.capacity if limit is None else min(board.capacity, limit)
+        #: The largest payload a rank posts on the board for an allreduce: every rank reads and reduces every
+        #: payload, so past READ_BUDGET bytes in all the data plane's reduce-scatter costs less.
+        self.limit = min(cap, READ_BUDGET // size)
+        #: ... for each kind (measured on 2 cores, np = 2 and 4): an allgather's and a broadcast's readers copy
+        #: what the data plane would copy, in one synchronisation instead of its steps, up to the whole payload
+        #: area; an alltoall and a reducescatter post their whole buffer for every rank to take its block from,
+        #: which the data plane's direct block exchange beats past READ_BUDGET.
+        self.limits = {ops.ALLREDUCE: self.limit, ops.ALLGATHER: cap, ops.BROADCAST: cap,
+                       ops.ALLTOALL: min(cap, READ_BUDGET), ops.REDUCESCATTER: min(cap, READ_BUDGET)}
         self._stall_warning_s = stall_warning_s
         self._stall_shutdown_s = stall_shutdown_s
         self._digests: Dict[Tuple, int] = {}
@@ -109,7 +118,7 @@ class FastLane:
                 and type(tensor) is np.ndarray and not self.board.closed
                 and (req.kind == ops.ALLREDUCE or self._well_formed(req, tensor))):
             return None
-        return tensor.nbytes + (8 * self.size if req.kind == ops.ALLTOALL else 0) <= self.limit
+        return tensor.nbytes + (8 * self.size if req.kind == ops.ALLTOALL else 0) <= self.limits[req.kind]
 
     def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
         """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no

@@ -37,7 +37,6 @@ import numpy as np
 from horovod.engine.lane_links import HEADER, LaneLinks
 from horovod.engine.tcp_round_board import partners
 from horovod.transport.base import Bootstrap
-from horovod.transport.shm_node import LANE_PAYLOAD_BYTES
 from horovod.transport.sockets import PeerError
 from horovod.transport.tcp_connect import connect_world
 
@@ -75,7 +74,7 @@ class TcpLane:
     internal lock keeps the protocol's state consistent between them (it is never held while waiting).
     """
 
-    capacity = LANE_PAYLOAD_BYTES
+    capacity = 256 * 1024   # (the shm lane's payload area is larger: every partner link buffers size x this)
 
     def __init__(self, rank: int, size: int, socks: Dict[int, socket.socket]):
         self.rank, self.size = rank, size

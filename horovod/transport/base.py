@@ -234,7 +234,7 @@ class TransportOptions:
     small_message_bytes: int = 256 * 1024
     tcp_chunk_bytes: int = MIB
     # Measured on 2 cores: smaller chunks and halves keep the working set in L2/L3 and beat larger ones at 64 MiB.
-    shm_segment_bytes: int = 4 * MIB  # two halves of 2 MiB: all the memory a rank adds per group
+    shm_segment_bytes: int = 4 * MIB  # two halves of 2 MiB (+ the fast lane's 2 MiB: shm_node.LANE_PAYLOAD_BYTES)
     shm_chunk_bytes: int = MIB
     # An allreduce of n bytes is one step (every rank reduces all n * size bytes) while n * size <= this: measured
     # crossover with the two-step reduce-scatter + allgather at 512 KiB (np = 2) and 256 KiB (np = 4).

@@ -193,7 +193,7 @@ def test_fast_lane_takes_allreduces_up_to_its_limit(transport, np_):
     results = run(sizes_worker, np_, transport, timeout=300)
     assert_no_failures([r["checks"] for r in results])
     for r in results:
-        assert r["limit"] == {2: 256 * 1024, 4: 128 * 1024}[np_], r["limit"]
+        assert r["limit"] == {2: 256 * 1024, 4: 128 * 1024}[np_], r["limit"]   # (the allreduce's limit)
         # up to the limit on the board, past it agreed on the lane and carried by the data plane
         assert all(r["decided"][size][0] >= 8 for size in ("4K", "limit", "past")), r["decided"]
 
@@ -204,6 +204,66 @@ def test_fast_lane_limit_is_a_knob():
     assert_no_failures([r["checks"] for r in results])
     for r in results:
         assert r["limit"] == 1024 and r["decided"]["4K"][0] >= 8, r   # agreed on the lane, data off the board
+
+
+def moves_worker() -> dict:
+    """Allgathers, broadcasts, alltoalls and reducescatters whose payload is the lane's limit for their kind (larger
+    than an allreduce's) and just past it."""
+    import numpy as np
+
+    import horovod.numpy as hvd
+    from checks import Checks
+    from horovod.common import basics
+    from horovod.engine import ops
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    checks = Checks(rank, rtol=1e-6)
+    limits = basics.runtime().state.lane.limits
+    before = _lane_counts()
+    for label, extra in (("limit", 0), ("past", 1)):
+        for i in range(3):
+            # float32 rows of one element, counted from each kind's limit on the payload a rank posts
+            rows = limits[ops.ALLGATHER] // 4 + extra
+            mine = np.arange(rows, dtype=np.float32) + 1000 * rank + i
+            want = np.concatenate([np.arange(rows, dtype=np.float32) + 1000 * r + i for r in range(size)])
+            checks.equal(hvd.allgather(mine, name="ag"), want, f"allgather {label} {i}")
+            rows = limits[ops.BROADCAST] // 4 + extra
+            buf = np.arange(rows, dtype=np.float32) * (rank + 1) + i
+            hvd.broadcast_(buf, root_rank=size - 1, name="bc")
+            checks.equal(buf, np.arange(rows, dtype=np.float32) * size + i, f"broadcast {label} {i}")
+            block = (limits[ops.ALLTOALL] - 8 * size) // 4 // size + extra   # (the splits' header counts)
+            send = (np.arange(block * size, dtype=np.float32) + 100 * rank + i).reshape(-1, 1)
+            want = np.concatenate([np.arange(rank * block, (rank + 1) * block, dtype=np.float32) + 100 * r + i
+                                   for r in range(size)]).reshape(-1, 1)
+            checks.equal(hvd.alltoall(send, name="a2a"), want, f"alltoall {label} {i}")
+            block = limits[ops.REDUCESCATTER] // 4 // size + extra
+            x = np.arange(block * size, dtype=np.float32) + rank + i
+            full = sum(np.arange(block * size, dtype=np.float32) + r + i for r in range(size))
+            checks.close(hvd.reducescatter(x, name="rs", op=hvd.Sum), full[rank * block:(rank + 1) * block],
+                         f"reducescatter {label} {i}")
+    after = _lane_counts()
+    hvd.shutdown()
+    return {"checks": checks.report(), "fast": after[0] - before[0], "limits": dict(limits)}
+
+
+@pytest.mark.parametrize("transport,np_", [("shm", 2), ("shm", 4), ("tcp", 2)])
+def test_each_kind_takes_the_lane_up_to_its_own_limit(transport, np_):
+    """An allgather or a broadcast up to the lane's whole payload area (1 MiB on shm, 256 KiB over TCP), an alltoall
+    or a reducescatter up to 512 KiB, an allreduce up to 512 KiB over every rank's payload: results against numpy
+    on both sides of each limit, every call decided on the lane (on the board, or agreed there for the data
+    plane)."""
+    from horovod.engine import ops
+
+    _skip_without(transport)
+    results = run(moves_worker, np_, transport, timeout=300)
+    assert_no_failures([r["checks"] for r in results])
+    area = {"shm": 1024 * 1024, "tcp": 256 * 1024}[transport]
+    for r in results:
+        assert r["limits"] == {ops.ALLREDUCE: min(area, 512 * 1024 // np_), ops.ALLGATHER: area,
+                               ops.BROADCAST: area, ops.ALLTOALL: min(area, 512 * 1024),
+                               ops.REDUCESCATTER: min(area, 512 * 1024)}, r["limits"]
+        assert r["fast"] >= 24, r
 
 
 def kinds_worker() -> dict:
