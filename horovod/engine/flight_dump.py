@@ -277,19 +277,19 @@ def request_all(runtime: "EngineState", reason: str) -> None:
 
 def announce(runtime: "EngineState", handles_signal: bool) -> None:
     """Tell the launcher where this rank runs (host and pid), so it can watch it, and whether SIGUSR1 makes it dump
-    (when the user's program handles SIGUSR1 itself, the launcher must not send it)."""
+    (when the user's program handles SIGUSR1 itself, the launcher must not send it).
+
+    Before ``init()`` returns, not from a thread: a rank that stops itself (SIGSTOP, a debugger) right after a few
+    collectives must already be known to the launcher, or the doctor cannot tell it is stopped. One local request
+    (about a millisecond)."""
     store = getattr(runtime, "store", None)
     if store is None or not hasattr(store, "put"):
         return
     value = f"{socket.gethostname()}|{os.getpid()}|{int(handles_signal)}".encode()
-
-    def send() -> None:
-        try:
-            store.put(STORE_SCOPE, f"pid.{runtime.rank}", value)
-        except (OSError, ValueError):
-            pass
-
-    threading.Thread(target=send, name="horovod-announce", daemon=True).start()
+    try:
+        store.put(STORE_SCOPE, f"pid.{runtime.rank}", value)
+    except (OSError, ValueError):
+        pass   # no launcher listening (mpirun without one, or it is gone): this rank's own dumps still stand
 
 
 def signal_children(signum: int) -> None:
