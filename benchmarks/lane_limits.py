@@ -57,8 +57,8 @@ def worker(sizes: Sequence[int], rounds: int, batch: int) -> None:
                  "broadcast": lambda: hvd.broadcast_(bcast, root_rank=0, name="bc"),
                  "alltoall": lambda: hvd.alltoall(send, name="a2a"),
                  "reducescatter": lambda: hvd.reducescatter(rs, name="rs", op=hvd.Sum)}
-        payload = {"allgather": n // size * 4, "broadcast": n * 4, "alltoall": n * 4 + 8 * size,
-                   "reducescatter": n * 4}   # what a rank posts on the board
+        payload = {"allgather": n // size * 4, "broadcast": n * 4, "alltoall": n * 4,
+                   "reducescatter": n * 4}   # the bytes of a rank's tensor its kind's limit applies to
         block = n // size
         expected = {"allgather": np.concatenate([np.arange(block, dtype=np.float32) + r for r in range(size)]),
                     "broadcast": np.arange(n, dtype=np.float32),

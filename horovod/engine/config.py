@@ -200,8 +200,8 @@ class Config:
     fast_lane_bytes: int = knob(
         1024 * 1024, "HOROVOD_FAST_LANE_BYTES", "Largest payload a rank posts on the fast lane (bytes; at most "
         "the lane's payload area: 1 MiB on shared memory, 256 KiB over TCP; an allreduce's at most 512 KiB / the "
-        "number of ranks, since every rank reads and reduces every payload, an alltoall's and a reducescatter's at "
-        "most 512 KiB); larger collectives are agreed on the lane and carried by the data plane.",
+        "number of ranks, since every rank reads and reduces every payload); larger collectives are agreed on the "
+        "lane and carried by the data plane.",
         minimum=0, maximum=1024 * 1024)
     fast_lane_hold_us: float = knob(
         200.0, "HOROVOD_FAST_LANE_HOLD_US", "Microseconds a lone asynchronous collective the fast lane could take "

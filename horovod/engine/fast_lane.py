@@ -4,7 +4,7 @@ The coordinator path costs a small collective two control-plane hops with Python
 a round and then the data-plane collective: two synchronisations); a rank that has just computed for a while also
 has to be woken for each hop. A lone blocking allreduce, broadcast, allgather, reducescatter or alltoall of at most
 ``HOROVOD_FAST_LANE_BYTES`` per rank (1 MiB on shared memory, 256 KiB over TCP; an allreduce's 512 KiB over all
-ranks' payloads, an alltoall's and a reducescatter's 512 KiB) does better. Each rank posts its
+ranks' payloads) does better. Each rank posts its
 request's digest and its bytes on a board — in shared memory on one host (:mod:`horovod.engine.lane_board`), else
 passed among log2(size) partners over TCP (:mod:`horovod.engine.tcp_lane`); a broadcast's non-root ranks post no
 bytes — and when every rank posted the same digest for the same lane number,
@@ -54,7 +54,7 @@ _DIGESTS_KEPT = 4096
 #: What the lane decides: every rank's result is a function of every rank's input, read from the board.
 LANE_KINDS = (ops.ALLREDUCE, ops.BROADCAST, ops.ALLGATHER, ops.REDUCESCATTER, ops.ALLTOALL)
 
-#: The most payload bytes a rank reads for one collective on the lane (np = 2 and 4 measured on 2 cores).
+#: The most payload bytes a rank reads for one allreduce on the lane (np = 2 and 4 measured on 2 cores).
 READ_BUDGET = 512 * 1024
 
 _R = TypeVar("_R")
@@ -79,12 +79,11 @@ class FastLane:
         #: The largest payload a rank posts on the board for an allreduce: every rank reads and reduces every
         #: payload, so past READ_BUDGET bytes in all the data plane's reduce-scatter costs less.
         self.limit = min(cap, READ_BUDGET // size)
-        #: ... for each kind (measured on 2 cores, np = 2 and 4): an allgather's and a broadcast's readers copy
-        #: what the data plane would copy, in one synchronisation instead of its steps, up to the whole payload
-        #: area; an alltoall and a reducescatter post their whole buffer for every rank to take its block from,
-        #: which the data plane's direct block exchange beats past READ_BUDGET.
+        #: ... for each kind (``benchmarks/lane_limits.py``, 2 cores, np = 2 and 4): the other kinds' readers take
+        #: only their share of the payloads, in one synchronisation instead of the data plane's steps, so up to the
+        #: whole area. Each limit is on the tensor's bytes (an alltoall's splits travel in front of them).
         self.limits = {ops.ALLREDUCE: self.limit, ops.ALLGATHER: cap, ops.BROADCAST: cap,
-                       ops.ALLTOALL: min(cap, READ_BUDGET), ops.REDUCESCATTER: min(cap, READ_BUDGET)}
+                       ops.ALLTOALL: min(cap, board.capacity - 8 * size), ops.REDUCESCATTER: cap}
         self._stall_warning_s = stall_warning_s
         self._stall_shutdown_s = stall_shutdown_s
         self._digests: Dict[Tuple, int] = {}
@@ -112,13 +111,13 @@ class FastLane:
     def placement(self, req: Request, tensor: object) -> Optional[bool]:
         """Whether ``req`` over ``tensor`` may be proposed, and how (the engine also checks that nothing else is in
         flight): ``None`` when it may not (a barrier, a join, Adasum, another process set, a device array);
-        otherwise whether its data travels on the board (at most HOROVOD_FAST_LANE_BYTES with an alltoall's
-        splits) or the lane only agrees and the data plane carries the data."""
+        otherwise whether its data travels on the board (its kind's limit, at most HOROVOD_FAST_LANE_BYTES) or the
+        lane only agrees and the data plane carries the data."""
         if not (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0 and req.group is None
                 and type(tensor) is np.ndarray and not self.board.closed
                 and (req.kind == ops.ALLREDUCE or self._well_formed(req, tensor))):
             return None
-        return tensor.nbytes + (8 * self.size if req.kind == ops.ALLTOALL else 0) <= self.limits[req.kind]
+        return tensor.nbytes <= self.limits[req.kind]
 
     def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
         """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no
@@ -139,18 +138,15 @@ class FastLane:
         none), else with only what the others need to run it on the data plane."""
         # What each rank needs of the others' shapes travels first (or alone): an alltoall's splits, and an
         # allgather's rows when the data plane carries them.
+        header = b""
         if not on_board:
             tensor = np.array(req.splits if req.kind == ops.ALLTOALL else
                               req.shape[:1] if req.kind == ops.ALLGATHER else (), np.int64)
         elif req.kind == ops.BROADCAST and req.root != req.rank:
             tensor = tensor.reshape(-1)[:0]
-        elif req.kind == ops.ALLTOALL:   # the rows this rank sends each rank, then the rows
-            header = 8 * self.size
-            framed = np.empty(header + tensor.nbytes, np.uint8)
-            framed[:header].view(np.int64)[:] = req.splits or ()
-            framed[header:] = tensor.reshape(-1).view(np.uint8)
-            tensor = framed
-        seq = self.board.post_fast(self._digest(req, on_board), tensor)
+        elif req.kind == ops.ALLTOALL:   # the rows this rank sends each rank, then the rows (no copy of them here)
+            header = np.array(req.splits or (), np.int64).tobytes()
+        seq = self.board.post_fast(self._digest(req, on_board), tensor, header)
         if not seq:
             self.board.post_slow(1)
         return seq

@@ -87,10 +87,10 @@ class ShmLane:
         own[DONE] = own[POSTED] if not self._reading else self._reading - 1
         self._wake_sleepers()
 
-    def post_fast(self, digest: int, payload: np.ndarray) -> int:
-        """Post a fast entry with ``payload`` (a contiguous array of at most :attr:`capacity` bytes) and return its
-        number; 0 (nothing posted) while a rank may still read the record it would overwrite, which the caller then
-        posts as slow instead (it never waits here)."""
+    def post_fast(self, digest: int, payload: np.ndarray, header: bytes = b"") -> int:
+        """Post a fast entry with ``header`` then ``payload`` (a contiguous array; both together at most
+        :attr:`capacity` bytes) and return its number; 0 (nothing posted) while a rank may still read the record it
+        would overwrite, which the caller then posts as slow instead (it never waits here)."""
         own, fields = self._own, self._fields
         assert own is not None, "fast lane used after release()"
         k = self._proposals & 1
@@ -99,10 +99,13 @@ class ShmLane:
             for q in self._peers:   # a rank that closed its lane reads no more entries
                 if fields[q][DONE] < previous and not fields[q][CLOSED]:
                     return 0
+        record = self._payloads[self.rank][k]
+        h = len(header) if header else 0
+        record[:h] = header
         n = payload.nbytes
         if n:   # a slice assignment of bytes: cheaper than any numpy call (a view of no bytes cannot be cast)
-            self._payloads[self.rank][k][:n] = payload.data.cast("B")
-        own[NBYTES[k]] = n
+            record[h:h + n] = payload.data.cast("B")
+        own[NBYTES[k]] = h + n
         own[DIGEST[k]] = digest
         seq = own[POSTED] + 1
         own[SEQ[k]] = seq

@@ -122,13 +122,13 @@ class TcpLane:
             if self._inbox:
                 self._answer_waiting(first, self._posted)
 
-    def post_fast(self, digest: int, payload: np.ndarray) -> int:
-        """Post a fast entry with ``payload`` (an array) and return its number."""
+    def post_fast(self, digest: int, payload: np.ndarray, header: bytes = b"") -> int:
+        """Post a fast entry with ``header`` then ``payload`` (an array) and return its number."""
         with self._mutex:
             seq = self._posted = self._posted + 1
             # a copy, as on the shared-memory board: an in-place result is written over the caller's input while
             # the payloads are read
-            data = memoryview(payload.tobytes())
+            data = memoryview(b"".join((header, payload.data)) if header else payload.tobytes())
             self._cur = _Proposal(seq, digest, data, self.rank)
             self._own_fast.add(seq)
             if seq >= self._prune_at:   # late frames only ever concern the last few

@@ -58,8 +58,9 @@ LANE_FIELDS = 16
 LANE_FIELD_COUNT = 10
 # 1 MiB: a lone blocking collective up to this size per rank is agreed and carried out in one synchronisation (it
 # beats a round plus the data plane's steps 2-3x at 64-256 KiB on one host, np = 2; a broadcast 1.6x at 1 MiB, an
-# allgather 1.3-1.8x; the engine's fast lane holds each kind to its own limit below this).
-LANE_PAYLOAD_BYTES = 1024 * 1024
+# allgather 1.3-1.8x; the engine's fast lane holds each kind to its own limit below this), and a page for what an
+# alltoall's rows travel behind (its splits, 8 bytes a rank: up to 512 ranks), so that its 1 MiB fits.
+LANE_PAYLOAD_BYTES = 1024 * 1024 + 4096
 # The round board (horovod/engine/shm_round_board.py): per segment, after the fast lane's payloads, two int64 fields and
 # two records of 1 + ROUND_WORDS words (only the world group's are used).
 ROUND_WORDS = 132

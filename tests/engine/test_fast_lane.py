@@ -232,7 +232,7 @@ def moves_worker() -> dict:
             buf = np.arange(rows, dtype=np.float32) * (rank + 1) + i
             hvd.broadcast_(buf, root_rank=size - 1, name="bc")
             checks.equal(buf, np.arange(rows, dtype=np.float32) * size + i, f"broadcast {label} {i}")
-            block = (limits[ops.ALLTOALL] - 8 * size) // 4 // size + extra   # (the splits' header counts)
+            block = limits[ops.ALLTOALL] // 4 // size + extra
             send = (np.arange(block * size, dtype=np.float32) + 100 * rank + i).reshape(-1, 1)
             want = np.concatenate([np.arange(rank * block, (rank + 1) * block, dtype=np.float32) + 100 * r + i
                                    for r in range(size)]).reshape(-1, 1)
@@ -249,8 +249,8 @@ def moves_worker() -> dict:
 
 @pytest.mark.parametrize("transport,np_", [("shm", 2), ("shm", 4), ("tcp", 2)])
 def test_each_kind_takes_the_lane_up_to_its_own_limit(transport, np_):
-    """An allgather or a broadcast up to the lane's whole payload area (1 MiB on shm, 256 KiB over TCP), an alltoall
-    or a reducescatter up to 512 KiB, an allreduce up to 512 KiB over every rank's payload: results against numpy
+    """An allgather, a broadcast, an alltoall (its splits included) or a reducescatter up to the lane's whole payload
+    area (1 MiB on shm, 256 KiB over TCP), an allreduce up to 512 KiB over every rank's payload: results against numpy
     on both sides of each limit, every call decided on the lane (on the board, or agreed there for the data
     plane)."""
     from horovod.engine import ops
@@ -259,10 +259,11 @@ def test_each_kind_takes_the_lane_up_to_its_own_limit(transport, np_):
     results = run(moves_worker, np_, transport, timeout=300)
     assert_no_failures([r["checks"] for r in results])
     area = {"shm": 1024 * 1024, "tcp": 256 * 1024}[transport]
+    # (on shm the records have room for an alltoall's splits beyond the 1 MiB; over TCP they count against it)
+    alltoall = {"shm": area, "tcp": area - 8 * np_}[transport]
     for r in results:
         assert r["limits"] == {ops.ALLREDUCE: min(area, 512 * 1024 // np_), ops.ALLGATHER: area,
-                               ops.BROADCAST: area, ops.ALLTOALL: min(area, 512 * 1024),
-                               ops.REDUCESCATTER: min(area, 512 * 1024)}, r["limits"]
+                               ops.BROADCAST: area, ops.ALLTOALL: alltoall, ops.REDUCESCATTER: area}, r["limits"]
         assert r["fast"] >= 24, r
 
 
@@ -329,9 +330,10 @@ def test_fast_lane_carries_every_kind_of_collective(transport, np_, board_bytes)
     results = run(kinds_worker, np_, transport, timeout=300, env=env)
     assert_no_failures([r["checks"] for r in results])
     for r in results:
-        # nearly all of the 96 calls; with 64 bytes on the board the uneven alltoalls of odd rounds are on the board
-        # on one rank and off it on another, so they take the coordinator's way (12 of them)
-        assert r["fast"] >= (85 if board_bytes == "default" else 75), r
+        # nearly all of the 96 calls; with 64 bytes on the board an uneven alltoall may be on the board on one rank
+        # and off it on another (at np = 2 those of odd rounds, at np = 3 of even ones), so it takes the
+        # coordinator's way (6 of them)
+        assert r["fast"] >= (85 if board_bytes == "default" else 70), r
 
 
 def dying_peer_worker() -> dict:
