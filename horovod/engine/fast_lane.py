@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -178,7 +178,7 @@ class FastLane:
     # -- deciding (holding the engine's drive lock) ------------------------------------------------------------
 
     def settle(self, seq: int, req: Request, housekeeping: Callable[[], bool],
-               combine: Callable[[Sequence[memoryview]], _R]) -> Tuple[str, Optional[_R]]:
+               combine: Callable[[List[memoryview]], _R]) -> Tuple[str, Optional[_R]]:
         """Wait for entry ``seq`` of every rank. Returns ``("fast", combine(payloads))`` with every rank's payload
         in rank order (views of the board, valid only during the call), ``("slow", None)`` (the request goes
         to the coordinator), ``("finished", None)`` when ``housekeeping()`` found the engine finished meanwhile, or
