@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/lane_limits.py                       # np = 2 and 4, 256 KiB .. 1 MiB
     python benchmarks/lane_limits.py --np 4 --sizes 384K,768K --rounds 16
+    python benchmarks/lane_limits.py --transport tcp        # the lane over TCP (its board: frames among partners)
 
 A lone blocking allgather, broadcast, alltoall or reducescatter up to its kind's limit (``FastLane.limits``) is
 agreed and carried out on the lane's board in one synchronisation; above it the lane only agrees and the data plane
@@ -11,7 +12,8 @@ carries the data. Which is faster depends on the kind and the size, so this meas
 alternate between the limits as they are (``board``) and every kind's limit lowered to the allreduce's (``plane``:
 what the other kinds had before session 17), every rank switching at the same point, so that the machine's noise
 hits both alike. Per kind and size: the median over rounds of rank 0's mean time per call in a batch (``horovodrun
--np N``, shm, ``horovod.numpy``), and board ÷ plane. The results are checked against numpy once per kind and size.
+-np N``, shm or ``--transport tcp``, ``horovod.numpy``), and board ÷ plane. The results are checked against numpy
+once per kind and size.
 """
 from __future__ import annotations
 
@@ -95,6 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--batch", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--transport", default="shm", choices=("shm", "tcp"),
+                    help="HOROVOD_TRANSPORT of the job: shm (the lane's board in shared memory) or tcp (over TCP)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -106,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for np_ in [int(v) for v in args.np.split(",")]:
         cmd = launch.horovodrun_cmd(np_, [sys.executable, os.path.abspath(__file__), "--worker", "--sizes",
                                           args.sizes, "--rounds", str(args.rounds), "--batch", str(args.batch)])
-        res = launch.run_job(cmd, launch.repo_env({"HOROVOD_TRANSPORT": "shm"}), args.timeout)
+        res = launch.run_job(cmd, launch.repo_env({"HOROVOD_TRANSPORT": args.transport}), args.timeout)
         line = next((ln for ln in res.stdout.splitlines() if RESULT_TAG in ln), None)
         if not res.ok or line is None:
             print(f"\nnp = {np_}: the job failed: {res.describe()}")
@@ -115,7 +119,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows = [[r["kind"], format_size(r["bytes"]), "yes" if r["on_board"] else "no",
                  f"{r['board_s'] * 1e6:.0f} µs", f"{r['plane_s'] * 1e6:.0f} µs", f"{r['board_s'] / r['plane_s']:.2f}"]
                 for r in data["rows"]]
-        print(f"\nnp = {np_} (shm; board = the limits as they are, plane = every kind at the allreduce's limit):\n")
+        print(f"\nnp = {np_} ({args.transport}; board = the limits as they are, plane = every kind at the allreduce's "
+              f"limit):\n")
         print("\n".join(table(["collective", "size", "on the board", "board", "plane", "board ÷ plane"], rows)))
     return 0
 

@@ -305,6 +305,16 @@ def test_lane_limits_small_run():
     assert "WRONG" not in proc.stdout
 
 
+def test_lane_limits_over_tcp():
+    proc = _run(["benchmarks/lane_limits.py", "--transport", "tcp", "--np", "2", "--sizes", "256K,512K", "--rounds",
+                 "2", "--batch", "2", "--timeout", "120"])
+    # the TCP lane's records hold 256 KiB: an allgather of 512 KiB (256 KiB a rank) is on it, a broadcast is not
+    assert "np = 2 (tcp;" in proc.stdout, proc.stdout
+    assert "| allgather | 512 KiB | yes |" in proc.stdout and "| broadcast | 512 KiB | no |" in proc.stdout, \
+        proc.stdout
+    assert "WRONG" not in proc.stdout
+
+
 def test_torch_training_runs_ddp_under_torchrun_and_horovod_under_horovodrun():
     """One tiny repetition of each side's job: the table, and a header that names both launchers and shows DDP's
     ranks allowed on every CPU the driver may use."""
