@@ -31,9 +31,10 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # Session 17 raised it by 95: 85 for one agreement interface (horovod/engine/agreement.py: Alone, Coordinated, the
 # lane in front of them), which took the routes out of intake.py and the hold's release-and-queue out of three
 # places; 10 for the fast lane's limit per kind (moves up to 1 MiB on the board: a 1 MiB broadcast at np = 2 1.6x).
-# Session 18 raised it by 6: an alltoall's splits go on the board in front of its rows, no longer with a copy of
-# them, and a rank reads its own share of a lane collective from its input (a 1 MiB allgather at np = 2 0.73x).
-CORE_BUDGET = 17141
+# Session 18 raised it by 17: an alltoall's splits go on the board in front of its rows, no longer with a copy of
+# them; a rank reads its own share of a lane collective from its input (a 1 MiB allgather at np = 2 0.73x) and
+# leaves its own block of an alltoall or reducescatter off the board (1 MiB at np = 2 0.84x).
+CORE_BUDGET = 17152
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {

@@ -83,7 +83,8 @@ class LaneBoard(Protocol):
     def post_slow(self, count: int = 1) -> None:
         """Post ``count`` slow entries."""
 
-    def post_fast(self, digest: int, payload: np.ndarray, header: bytes = b"") -> int:
+    def post_fast(self, digest: int, payload: np.ndarray, header: bytes = b"",
+                  skip: Optional[Tuple[int, int]] = None) -> int:
         """Post a fast entry (``header``, then ``payload``); its number, or 0 when the board cannot take one now."""
 
     def decide(self, seq: int, timeout: float) -> Tuple[bool, Optional[List[memoryview]]]:

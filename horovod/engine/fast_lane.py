@@ -138,15 +138,20 @@ class FastLane:
         none), else with only what the others need to run it on the data plane."""
         # What each rank needs of the others' shapes travels first (or alone): an alltoall's splits, and an
         # allgather's rows when the data plane carries them.
-        header = b""
+        header, skip = b"", None
         if not on_board:
             tensor = np.array(req.splits if req.kind == ops.ALLTOALL else
                               req.shape[:1] if req.kind == ops.ALLGATHER else (), np.int64)
         elif req.kind == ops.BROADCAST and req.root != req.rank:
             tensor = tensor.reshape(-1)[:0]
-        elif req.kind == ops.ALLTOALL:   # the rows this rank sends each rank, then the rows (no copy of them here)
-            header = np.array(req.splits or (), np.int64).tobytes()
-        seq = self.board.post_fast(self._digest(req, on_board), tensor, header)
+        elif req.kind in (ops.ALLTOALL, ops.REDUCESCATTER):
+            # Nobody reads this rank's own block back (it takes it from its input): it stays off the board.
+            counts = (req.splits or ()) if req.kind == ops.ALLTOALL else ops.split_rows(req.shape[0], self.size)
+            row = tensor.nbytes // req.shape[0] if req.shape[0] else 0
+            skip = (sum(counts[:req.rank]) * row, sum(counts[:req.rank + 1]) * row)
+            if req.kind == ops.ALLTOALL:   # the rows this rank sends each rank, then the rows (not copied here)
+                header = np.array(counts, np.int64).tobytes()
+        seq = self.board.post_fast(self._digest(req, on_board), tensor, header, skip)
         if not seq:
             self.board.post_slow(1)
         return seq

@@ -87,10 +87,12 @@ class ShmLane:
         own[DONE] = own[POSTED] if not self._reading else self._reading - 1
         self._wake_sleepers()
 
-    def post_fast(self, digest: int, payload: np.ndarray, header: bytes = b"") -> int:
+    def post_fast(self, digest: int, payload: np.ndarray, header: bytes = b"",
+                  skip: Optional[Tuple[int, int]] = None) -> int:
         """Post a fast entry with ``header`` then ``payload`` (a contiguous array; both together at most
         :attr:`capacity` bytes) and return its number; 0 (nothing posted) while a rank may still read the record it
-        would overwrite, which the caller then posts as slow instead (it never waits here)."""
+        would overwrite, which the caller then posts as slow instead (it never waits here). ``skip``: a range of
+        ``payload``'s bytes nobody reads, left out of the record."""
         own, fields = self._own, self._fields
         assert own is not None, "fast lane used after release()"
         k = self._proposals & 1
@@ -103,8 +105,10 @@ class ShmLane:
         h = len(header) if header else 0
         record[:h] = header
         n = payload.nbytes
-        if n:   # a slice assignment of bytes: cheaper than any numpy call (a view of no bytes cannot be cast)
-            record[h:h + n] = payload.data.cast("B")
+        if n:   # slice assignments of bytes: cheaper than any numpy call (a view of no bytes cannot be cast)
+            data, (a, b) = payload.data.cast("B"), skip or (n, n)
+            record[h:h + a] = data[:a]
+            record[h + b:h + n] = data[b:]
         own[NBYTES[k]] = h + n
         own[DIGEST[k]] = digest
         seq = own[POSTED] + 1

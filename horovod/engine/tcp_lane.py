@@ -122,8 +122,9 @@ class TcpLane:
             if self._inbox:
                 self._answer_waiting(first, self._posted)
 
-    def post_fast(self, digest: int, payload: np.ndarray, header: bytes = b"") -> int:
-        """Post a fast entry with ``header`` then ``payload`` (an array) and return its number."""
+    def post_fast(self, digest: int, payload: np.ndarray, header: bytes = b"",
+                  skip: Optional[Tuple[int, int]] = None) -> int:
+        """Post a fast entry with ``header`` then ``payload`` (an array; ``skip`` is sent too) and return its number."""
         with self._mutex:
             seq = self._posted = self._posted + 1
             # a copy, as on the shared-memory board: an in-place result is written over the caller's input while
