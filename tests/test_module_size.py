@@ -34,7 +34,9 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # Session 18 raised it by 17: an alltoall's splits go on the board in front of its rows, no longer with a copy of
 # them; a rank reads its own share of a lane collective from its input (a 1 MiB allgather at np = 2 0.73x) and
 # leaves its own block of an alltoall or reducescatter off the board (1 MiB at np = 2 0.84x).
-CORE_BUDGET = 17152
+# Session 19 raised it by 6: ops.block_bounds, one helper for a rank's own block (the lane's proposal and its
+# result computed it twice), and the allreduce output contract the lane relies on, stated in the engine API.
+CORE_BUDGET = 17158
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {

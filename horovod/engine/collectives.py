@@ -122,7 +122,8 @@ def allreduce_async(tensors: Sequence[HostOrDevice], names: Sequence[str], *, op
                     outputs: Optional[Sequence[Optional[HostOrDevice]]] = None,
                     dtypes: Optional[Sequence[Optional[str]]] = None, grouped: bool = False,
                     attended: bool = False) -> Handle:
-    """Reduce each tensor across the process set (in place when ``outputs[i] is tensors[i]``)."""
+    """Reduce each tensor across the process set (in place when ``outputs[i] is tensors[i]``; no other output may
+    overlap its tensor: the fast lane reads a rank's own payload from the tensor while it writes the output)."""
     if op == ops.Adasum or op not in ops.OP_NAMES:   # (the common ops: no call on every training step)
         _check_op(op, process_set)
     return _enqueue(ops.ALLREDUCE, tensors, names, process_set=process_set, outputs=outputs, dtypes=dtypes, op=op,

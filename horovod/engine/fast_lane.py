@@ -147,8 +147,7 @@ class FastLane:
         elif req.kind in (ops.ALLTOALL, ops.REDUCESCATTER):
             # Nobody reads this rank's own block back (it takes it from its input): it stays off the board.
             counts = (req.splits or ()) if req.kind == ops.ALLTOALL else ops.split_rows(req.shape[0], self.size)
-            row = tensor.nbytes // req.shape[0] if req.shape[0] else 0
-            skip = (sum(counts[:req.rank]) * row, sum(counts[:req.rank + 1]) * row)
+            skip = ops.block_bounds(counts, req.rank, tensor.nbytes // req.shape[0] if req.shape[0] else 0)
             if req.kind == ops.ALLTOALL:   # the rows this rank sends each rank, then the rows (not copied here)
                 header = np.array(counts, np.int64).tobytes()
         seq = self.board.post_fast(self._digest(req, on_board), tensor, header, skip)

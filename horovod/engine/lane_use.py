@@ -182,6 +182,7 @@ def lane_result(entry: HostEntry, size: int, payloads: List[memoryview]) -> Any:
     if req.kind == ops.ALLREDUCE:
         # This rank's own payload is read from its input (in this core's cache), not back from its record on the
         # board (a 256 KiB allreduce 0.8-0.9x); not in place, where the result overwrites it while others are read.
+        # (In place means the output *is* the input array: the engine API's contract, see ``allreduce_async``.)
         if output is not entry.tensor:
             payloads[req.rank] = entry.tensor.data
         if output is not None and req.dtype != ops.BFLOAT16:   # (bfloat16 is reduced in float32, then narrowed)
@@ -194,18 +195,6 @@ def lane_result(entry: HostEntry, size: int, payloads: List[memoryview]) -> Any:
             np.copyto(output.reshape(-1), total, casting="no")
         return output
     dtype = ops.storage_dtype(req.dtype)
-    # The same for the moves' own share (reading it back from the board cost a third of a 1 MiB allgather).
-    mine = entry.tensor.reshape(-1).view(np.uint8)
-    if req.kind == ops.REDUCESCATTER:
-        # This rank's block of rows (the executor's split: the first rows % size ranks get one more).
-        splits = ops.split_rows(req.shape[0], size)
-        row = ops.row_elems(req.shape) * dtype.itemsize
-        start = sum(splits[:req.rank]) * row
-        block = [p[start:start + splits[req.rank] * row] for p in payloads]
-        block[req.rank] = mine[start:start + splits[req.rank] * row].data
-        out = reduce_payloads([req], block, size).reshape((splits[req.rank],) + tuple(req.shape[1:]))
-        entry.output = out
-        return out
     if req.kind == ops.BROADCAST:
         if output is None:
             output = entry.output = result_pool.empty(req.shape, dtype)
@@ -213,6 +202,17 @@ def lane_result(entry: HostEntry, size: int, payloads: List[memoryview]) -> Any:
         if output is not source:   # in place at the root: nothing to copy
             np.copyto(output.reshape(-1), np.frombuffer(source, dtype=dtype), casting="no")
         return output
+    # The same for the moves' own share (reading it back from the board cost a third of a 1 MiB allgather).
+    mine = entry.tensor.reshape(-1).view(np.uint8)
+    if req.kind == ops.REDUCESCATTER:
+        # This rank's block of rows (the executor's split: the first rows % size ranks get one more).
+        splits = ops.split_rows(req.shape[0], size)
+        start, stop = ops.block_bounds(splits, req.rank, ops.row_elems(req.shape) * dtype.itemsize)
+        block = [p[start:stop] for p in payloads]
+        block[req.rank] = mine[start:stop].data
+        out = reduce_payloads([req], block, size).reshape((splits[req.rank],) + tuple(req.shape[1:]))
+        entry.output = out
+        return out
     row = ops.row_elems(req.shape) * dtype.itemsize
     if req.kind == ops.ALLTOALL:
         return _alltoall_result(req, payloads, mine, size, row, dtype)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from math import prod
-from typing import Dict, List, Optional, Protocol, Sequence
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +40,12 @@ def split_rows(rows: int, parts: int) -> List[int]:
     """Reducescatter split: ``rows // parts`` each, the first ``rows % parts`` get one more."""
     base, extra = divmod(rows, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def block_bounds(counts: Sequence[int], index: int, row_bytes: int) -> Tuple[int, int]:
+    """Bytes ``[start, stop)`` of block ``index`` among blocks of ``counts[i]`` rows of ``row_bytes`` each."""
+    start = sum(counts[:index]) * row_bytes
+    return start, start + counts[index] * row_bytes
 
 
 class Typed(Protocol):
