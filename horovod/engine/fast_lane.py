@@ -14,7 +14,9 @@ would have sent; a broadcast from the root's payload; an allgather by concatenat
 reducescatter by reducing its own block of every payload; an alltoall by taking its rows out of every payload
 (each starts with the rows its rank sends each rank). Anything else (a different tensor, a mismatch, a rank
 busy with other work) makes the number *slow*, and every rank sends its request to the coordinator as before:
-errors, joins and stall reports are unchanged.
+errors, joins and stall reports are unchanged. A grouped allreduce is one collective too: a group of one tensor
+is a lone call, and a group of several that share a dtype, op and scaling posts their concatenation as one payload
+(:meth:`FastLane.propose_group`; each rank cuts the reduced bytes back into the group's tensors).
 
 A lone blocking collective too large for the board is still agreed there: its entry carries only what the
 others need of its shape (an allgather's rows, an alltoall's splits), and once every rank posted the same digest
@@ -23,7 +25,8 @@ each builds the response the coordinator would have sent and runs it on the data
 would carry it differently (an allgather whose rows fit the board on one rank only) take the coordinator's way.
 
 Why the lane numbers pair up: every collective a rank issues on the global process set — or on another set of
-every rank, which a rank may pass where another passes the global set — takes the next number (the engine posts a
+every rank, which a rank may pass where another passes the global set — takes the next number (a grouped call
+takes one, however many tensors it has; the engine posts a
 slow entry for everything it does not propose), all ranks issue the same collectives on those sets,
 and a rank proposes a fast entry only for a blocking call while nothing else is in flight on it, with no
 process set on the coordinator that it serves without being a member. A rank that joins, shuts down or runs with
@@ -110,14 +113,30 @@ class FastLane:
 
     def placement(self, req: Request, tensor: object) -> Optional[bool]:
         """Whether ``req`` over ``tensor`` may be proposed, and how (the engine also checks that nothing else is in
-        flight): ``None`` when it may not (a barrier, a join, Adasum, another process set, a device array);
-        otherwise whether its data travels on the board (its kind's limit, at most HOROVOD_FAST_LANE_BYTES) or the
-        lane only agrees and the data plane carries the data."""
-        if not (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0 and req.group is None
+        flight): ``None`` when it may not (a barrier, a join, Adasum, another process set, a device array; a group
+        of several: :meth:`group_placement`); otherwise whether its data travels on the board (its kind's limit, at
+        most HOROVOD_FAST_LANE_BYTES) or the lane only agrees and the data plane carries the data."""
+        if not (req.kind in LANE_KINDS and req.op != ops.Adasum and req.process_set == 0
+                and (req.group is None or req.group[1] == 1)   # (a group of one: a lone call, grouped by name only)
                 and type(tensor) is np.ndarray and not self.board.closed
                 and (req.kind == ops.ALLREDUCE or self._well_formed(req, tensor))):
             return None
         return tensor.nbytes <= self.limits[req.kind]
+
+    def group_placement(self, requests: Sequence[Request], tensors: Sequence[Any]) -> Optional[bool]:
+        """Whether a grouped allreduce of several tensors may be proposed: True when they share one dtype, op and
+        scaling and fit the board together (they travel as one payload, their concatenation: the arithmetic is
+        elementwise), else None (the coordinator's way)."""
+        first, nbytes = requests[0], 0
+        for req, tensor in zip(requests, tensors):
+            if not (req.kind == ops.ALLREDUCE and req.dtype == first.dtype and req.op == first.op
+                    and req.prescale == first.prescale and req.postscale == first.postscale
+                    and type(tensor) is np.ndarray):
+                return None
+            nbytes += tensor.nbytes
+        if first.op == ops.Adasum or first.process_set != 0 or self.board.closed or nbytes > self.limit:
+            return None
+        return True
 
     def _well_formed(self, req: Request, tensor: np.ndarray) -> bool:
         """What only the coordinator reports on (a root out of range, an allgather of a scalar or of rows of no
@@ -155,15 +174,29 @@ class FastLane:
             self.board.post_slow(1)
         return seq
 
+    def propose_group(self, requests: Sequence[Request], tensors: Sequence[Any]) -> int:
+        """Post a grouped allreduce (:meth:`group_placement`) as one fast entry of its tensors' concatenation; its
+        lane number, or 0 as :meth:`propose`."""
+        first = requests[0]
+        key = (tuple(r.name for r in requests), first.kind, first.dtype, tuple(r.shape for r in requests), first.op,
+               first.prescale, first.postscale)
+        seq = self.board.post_fast(self._digest_of(key), np.concatenate([t.reshape(-1) for t in tensors]))
+        if not seq:
+            self.board.post_slow(1)
+        return seq
+
     def note(self, requests: Sequence[Request], spanning: Sequence[int] = (0,)) -> None:
         """Post a slow entry for each request on the global process set, or on any set of every rank
         (``spanning``: a rank that passes such a set where another passes the global one must make that rank's
         proposal slow, so that the coordinator reports the mismatch); a join closes the lane."""
         count = 0
         join = False
+        group = None
         for req in requests:
             if req.process_set == 0 or req.process_set in spanning:
-                count += 1
+                if req.group is None or req.group != group:   # a grouped call is one collective: one number
+                    count += 1
+                group = req.group
                 join = join or req.kind == ops.JOIN
         if count:
             self.board.post_slow(count)
@@ -226,7 +259,10 @@ class FastLane:
         # the root.
         shape = req.shape[1:] if req.kind in (ops.ALLGATHER, ops.ALLTOALL) else req.shape
         # Where the data travels is part of it: ranks that would carry it differently never decide fast together.
-        key = (req.name, req.kind, req.dtype, shape, req.op, req.prescale, req.postscale, req.root, on_board)
+        return self._digest_of((req.name, req.kind, req.dtype, shape, req.op, req.prescale, req.postscale, req.root,
+                                on_board, req.group is None))
+
+    def _digest_of(self, key: Tuple) -> int:
         digest = self._digests.get(key)
         if digest is None:
             if len(self._digests) >= _DIGESTS_KEPT:

@@ -55,7 +55,7 @@ class LaneUse:
         if hold is not None:
             if hold.entry is not None:
                 released = hold.release()   # a held call is numbered before anything issued after it
-            if not attended and released is None:
+            if not attended and released is None and len(entries) == 1:
                 placement = self.placement(entries)
                 if placement is not None:
                     hold.keep(entries[0], placement)
@@ -64,7 +64,8 @@ class LaneUse:
             on_board = self.placement(entries)
             if on_board is not None and state.drive_lock.acquire(blocking=False):
                 entry = entries[0]
-                seq = lane.propose(entry.request, entry.tensor, on_board)
+                seq = lane.propose(entry.request, entry.tensor, on_board) if len(entries) == 1 else \
+                    lane.propose_group([e.request for e in entries], [e.tensor for e in entries])
                 if not seq:
                     state.drive_lock.release()
                 return self.driver.drive, (released, seq, on_board)
@@ -79,7 +80,7 @@ class LaneUse:
         released, seq, on_board = ticket
         if released is not None:
             self.outbox.add([released])
-        if seq and self.settle(seq, entries[0], on_board):
+        if seq and self.settle(seq, entries, on_board):
             return
         self.then.carry(None, entries, attended)
 
@@ -103,7 +104,7 @@ class LaneUse:
                     seq = self.propose_held(entry, on_board)
             if not seq:
                 state.drive_lock.release()
-            elif entry is not None and self.settle(seq, entry, on_board):   # (releases the drive lock)
+            elif entry is not None and self.settle(seq, [entry], on_board):   # (releases the drive lock)
                 return
             if entry is not None:   # not decided on the lane: the coordinator's way, driven right here
                 self.then.carry(None, [entry], attended=True)
@@ -114,14 +115,18 @@ class LaneUse:
         """Under the state's lock: whether ``entries`` are one collective the lane may take now, and how
         (:meth:`horovod.engine.fast_lane.FastLane.placement`); None when they are not."""
         state, coordination = self.state, self.driver.coordination
-        if (len(entries) == 1 and not state.inflight and not self.outbox.queued
+        if (not state.inflight and not self.outbox.queued
                 and (coordination is None or not coordination.held)   # (rank 0 holds no responses back)
                 and not state.timeline.enabled
                 # While a set of only some ranks exists, its non-members never propose, so no entry could be fast;
                 # and a rank that passes it where another passes the global set posts no entry the proposer could
                 # see: propose nothing then (every request reaches the coordinator, which reports mismatches).
                 and state.every_set_spans):
-            return self.lane.placement(entries[0].request, entries[0].tensor)
+            if len(entries) == 1:
+                return self.lane.placement(entries[0].request, entries[0].tensor)
+            group = entries[0].request.group   # a whole group of several: grouped_allreduce
+            if group is not None and group[1] == len(entries):
+                return self.lane.group_placement([e.request for e in entries], [e.tensor for e in entries])
         return None
 
     def propose_held(self, entry: Entry, on_board: bool) -> int:
@@ -130,16 +135,31 @@ class LaneUse:
         entry.request.blocking = True   # as if issued blocking: its caller waits for it
         return self.lane.propose(entry.request, entry.tensor, on_board)
 
-    def settle(self, seq: int, entry: Entry, on_board: bool) -> bool:
+    def _done(self, entry: Entry, output: Any) -> None:
+        """``entry`` was carried out on the lane: ``output`` is its result."""
+        req, state = entry.request, self.state
+        state.recorder.lane_done(req)   # [hang doctor]
+        with state.lock:
+            state.inflight.pop((req.process_set, req.name), None)
+        entry.handle.complete(entry.index, output)
+
+    def settle(self, seq: int, entries: List[Entry], on_board: bool) -> bool:
         """Decide lane number ``seq`` (holding the drive lock; ``on_board`` as :meth:`post` said); True when the
-        entry's handle is done with it (carried out here, or failed with the engine), False when it goes to the
+        entries' handle is done with them (carried out here, or failed with the engine), False when they go to the
         coordinator."""
+        entry = entries[0]
         req = entry.request
         state, lane, driver = self.state, self.lane, self.driver
         housekeeping = lambda: driver.guarded_step(0.0)   # noqa: E731
         try:
             plan: Optional[Response] = None
-            if on_board:
+            if len(entries) > 1:   # a group: every tensor's result, from the one payload each rank posted
+                outcome, outputs = lane.settle(seq, req, housekeeping, partial(group_result, entries, state.size))
+                if outcome == "fast":
+                    for e, out in zip(entries, outputs or ()):
+                        self._done(e, out)
+                    return True
+            elif on_board:
                 outcome, output = lane.settle(seq, req, housekeeping,
                                               partial(lane_result, entry, state.size))
             else:
@@ -156,10 +176,7 @@ class LaneUse:
                 return True   # the engine finished while waiting: the handle failed with it
             if plan is not None:   # agreed: every rank runs it on the data plane now, as the coordinator's response
                 output = state.executor.execute_on_host(plan, [entry])[0]
-            state.recorder.lane_done(req)   # [hang doctor]
-            with state.lock:
-                state.inflight.pop((req.process_set, req.name), None)
-            entry.handle.complete(entry.index, output)
+            self._done(entry, output)
             return True
         except (TransportError, OSError) as exc:
             driver.teardown.die_of_peer_failure(exc)
@@ -171,6 +188,22 @@ class LaneUse:
             state.drive_lock.release()
             if driver.needs_background():
                 driver.call_background()
+
+
+def group_result(entries: Sequence[HostEntry], size: int, payloads: List[memoryview]) -> List[Any]:
+    """Every result of a grouped allreduce on the lane (:meth:`horovod.engine.fast_lane.FastLane.propose_group`):
+    the reduced concatenation, cut into each tensor's output (allocated when the call returns new ones)."""
+    total = reduce_payloads([entries[0].request], payloads, size)
+    results, at = [], 0
+    for entry in entries:
+        assert entry.tensor is not None, "a collective on the lane has its input"
+        piece, at = total[at:at + entry.tensor.size], at + entry.tensor.size
+        if entry.output is None:
+            entry.output = piece.reshape(entry.request.shape)
+        else:
+            np.copyto(entry.output.reshape(-1), piece, casting="no")
+        results.append(entry.output)
+    return results
 
 
 def lane_result(entry: HostEntry, size: int, payloads: List[memoryview]) -> Any:
