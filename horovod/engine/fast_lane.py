@@ -259,8 +259,10 @@ class FastLane:
         # the root.
         shape = req.shape[1:] if req.kind in (ops.ALLGATHER, ops.ALLTOALL) else req.shape
         # Where the data travels is part of it: ranks that would carry it differently never decide fast together.
-        return self._digest_of((req.name, req.kind, req.dtype, shape, req.op, req.prescale, req.postscale, req.root,
-                                on_board, req.group is None))
+        key = (req.name, req.kind, req.dtype, shape, req.op, req.prescale, req.postscale, req.root, on_board,
+               req.group is None)
+        digest = self._digests.get(key)
+        return self._digest_of(key) if digest is None else digest
 
     def _digest_of(self, key: Tuple) -> int:
         digest = self._digests.get(key)

@@ -64,7 +64,8 @@ class LaneUse:
             on_board = self.placement(entries)
             if on_board is not None and state.drive_lock.acquire(blocking=False):
                 entry = entries[0]
-                seq = lane.propose(entry.request, entry.tensor, on_board) if len(entries) == 1 else \
+                # (``entries[1:]``, not ``len``: no call more for every lone collective)
+                seq = lane.propose(entry.request, entry.tensor, on_board) if not entries[1:] else \
                     lane.propose_group([e.request for e in entries], [e.tensor for e in entries])
                 if not seq:
                     state.drive_lock.release()
@@ -153,7 +154,7 @@ class LaneUse:
         housekeeping = lambda: driver.guarded_step(0.0)   # noqa: E731
         try:
             plan: Optional[Response] = None
-            if len(entries) > 1:   # a group: every tensor's result, from the one payload each rank posted
+            if entries[1:]:   # a group: every tensor's result, from the one payload each rank posted
                 outcome, outputs = lane.settle(seq, req, housekeeping, partial(group_result, entries, state.size))
                 if outcome == "fast":
                     for e, out in zip(entries, outputs or ()):
@@ -176,7 +177,10 @@ class LaneUse:
                 return True   # the engine finished while waiting: the handle failed with it
             if plan is not None:   # agreed: every rank runs it on the data plane now, as the coordinator's response
                 output = state.executor.execute_on_host(plan, [entry])[0]
-            self._done(entry, output)
+            state.recorder.lane_done(req)   # [hang doctor] (as _done, inline: every lone collective comes here)
+            with state.lock:
+                state.inflight.pop((req.process_set, req.name), None)
+            entry.handle.complete(entry.index, output)
             return True
         except (TransportError, OSError) as exc:
             driver.teardown.die_of_peer_failure(exc)
