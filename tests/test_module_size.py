@@ -36,10 +36,10 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # leaves its own block of an alltoall or reducescatter off the board (1 MiB at np = 2 0.84x).
 # Session 19 raised it by 6: ops.block_bounds, one helper for a rank's own block (the lane's proposal and its
 # result computed it twice), and the allreduce output contract the lane relies on, stated in the engine API; and by
-# 69: grouped allreduces on the fast lane (a group counts as one lane number; a group of several posts its
+# 75: grouped allreduces on the fast lane (a group counts as one lane number; a group of several posts its
 # concatenation and cuts the result back: FastLane.group_placement / propose_group, lane_use.group_result), a
 # TensorFlow training step 0.76x and a 4-tensor grouped call 0.3-0.5x (docs/benchmarks.md, session 19).
-CORE_BUDGET = 17227
+CORE_BUDGET = 17233
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {
