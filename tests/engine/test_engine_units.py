@@ -52,6 +52,20 @@ def test_plan_tensor_larger_than_threshold_stays_alone():
     assert names(fusion.plan(ready, 64)) == [["a"], ["big"], ["b", "c"]]
 
 
+def test_plan_runs_large_host_responses_alone_but_fuses_them_on_a_device():
+    # a 1 MiB float32 tensor (fusion.ALONE_BYTES) is never copied into a fusion buffer on the host, even far below
+    # the threshold; one byte less still fuses; on a GPU copies are cheap and calls are not: fused as before
+    big, under = (fusion.ALONE_BYTES // 4,), (fusion.ALONE_BYTES // 4 - 1,)
+    ready = [ar("a"), ar("big", big), ar("b"), ar("under", under, "float32"), ar("c")]
+    assert names(fusion.plan(ready, 128 * MIB)) == [["a"], ["big"], ["b", "under", "c"]]
+    on_device = [ar(n, shape) for n, shape in (("a", (4,)), ("big", big), ("b", (4,)))]
+    for resp in on_device:
+        resp.device = 0
+    assert names(fusion.plan(on_device, 128 * MIB)) == [["a", "big", "b"]]
+    grouped = [ar("g1", big), ar("g2", big)]   # a group's members too: each alone
+    assert names(fusion.plan(grouped, 128 * MIB)) == [["g1"], ["g2"]]
+
+
 @pytest.mark.parametrize("field,value", [
     ("dtype", "float64"), ("op", ops.Average), ("pset", 1), ("pre", 2.0), ("post", 0.5), ("joined", (1,)),
 ])
