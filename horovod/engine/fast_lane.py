@@ -186,8 +186,8 @@ class FastLane:
         return seq
 
     def note(self, requests: Sequence[Request], spanning: Sequence[int] = (0,)) -> None:
-        """Post a slow entry for each request on the global process set, or on any set of every rank
-        (``spanning``: a rank that passes such a set where another passes the global one must make that rank's
+        """Post a slow entry for each collective (a group is one) on the global process set, or on any set of every
+        rank (``spanning``: a rank that passes such a set where another passes the global one must make that rank's
         proposal slow, so that the coordinator reports the mismatch); a join closes the lane."""
         count = 0
         join = False
