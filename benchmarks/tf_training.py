@@ -119,6 +119,10 @@ def worker(args) -> None:
     y = rng.randint(0, 10, size=(args.batch_size,)).astype(np.int32)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # tf.data's autotuner has nothing to tune in one repeated tensor, but its thread makes every `model.fit` wait
+    # for it as the fit ends (the iterator's teardown): up to ~0.6 s, at random, on either side. A block is one
+    # `model.fit` of a few steps, so that wait, not the training, set the rates seen until 2026-12-03.
+    options.autotune.enabled = False
 
     def dataset(copies: int = 1):
         return tf.data.Dataset.from_tensors((np.concatenate([x] * copies), np.concatenate([y] * copies))) \
