@@ -1,8 +1,11 @@
 """Make the shared test helpers (tests/multiproc.py) importable from every test folder, and keep the test folders
 named like frameworks (tests/torch, tests/ray, tests/jax, ...) from standing in for those frameworks."""
+import glob
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -84,3 +87,19 @@ def pytest_collection_modifyitems(config, items):
         if lacking:
             item.add_marker(pytest.mark.skip(reason=f"tests/{rel[0]} needs {', '.join(lacking)} (not installed; "
                                                     f"pip install 'horovod-next[{rel[0]}]')"))
+
+
+# Every failed `horovodrun` job keeps its hang-doctor directory (/tmp/horovod-doctor-*: its verdict names it), by
+# design; the many jobs this suite fails on purpose would leave hundreds behind. The ones made during this session
+# are removed at its end (the tests read them while they run); older ones are not this session's to touch.
+_DOCTOR_DIRS = os.path.join(tempfile.gettempdir(), "horovod-doctor-*")
+_doctor_dirs_before: set = set()
+
+
+def pytest_sessionstart(session):
+    _doctor_dirs_before.update(glob.glob(_DOCTOR_DIRS))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for path in set(glob.glob(_DOCTOR_DIRS)) - _doctor_dirs_before:
+        shutil.rmtree(path, ignore_errors=True)
