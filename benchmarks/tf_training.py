@@ -19,7 +19,8 @@ Each library is launched as its users launch it, in jobs of its own:
   those "× MWMS" figures are withdrawn.)
 
 Same model, data (each rank trains on its own batch of ``--batch-size`` samples; Keras splits MWMS's global batch
-of N × ``--batch-size`` over the workers, auto-sharding off, so each replica computes on as many), SGD optimizer,
+of N × ``--batch-size`` over the workers, auto-sharding off, so each replica computes on as many; tf.data's
+autotuner off on both sides, see ``worker``), SGD optimizer,
 warm-up, blocks and steps in both jobs.  Each block is timed on rank 0 between two synchronisations of every rank,
 so a block lasts as long as its slowest rank: ``hvd.allreduce`` of one scalar in the Horovod job; in the MWMS job
 MWMS's own collective, ``strategy.reduce(SUM, strategy.run(...))`` of one scalar inside a ``tf.function`` (an
