@@ -69,10 +69,10 @@ def _lease(block: np.ndarray, shape: Tuple[int, ...], dtype: np.dtype) -> _Lease
             _FACES.clear()
         faces = _FACES[id(block)] = {}
     face = faces.get((shape, dtype))
-    if face is None:
-        # (``block.ctypes`` and ``dtype.descr`` run Python code inside numpy; a plain dtype needs no ``descr``)
-        face = faces[(shape, dtype)] = {"shape": shape, "typestr": dtype.str, "data": block.__array_interface__["data"],
-                              "strides": None, "version": 3, **({"descr": dtype.descr} if dtype.names else {})}
+    if face is None:   # (``block.ctypes`` and ``dtype.descr`` run Python code inside numpy: neither is on this path)
+        face = faces[(shape, dtype)] = {"shape": shape, "typestr": dtype.str, "strides": None, "version": 3,
+                                        "data": block.__array_interface__["data"],
+                                        **({"descr": dtype.descr} if dtype.names else {})}
     lease = _Lease()
     lease.block = block
     lease.__array_interface__ = face
@@ -197,14 +197,11 @@ class ResultPool:
 
 
 _POOL = ResultPool()
-_DTYPES: Dict[object, np.dtype] = {}
 
 
 def empty(shape: Union[int, Sequence[int]], dtype) -> np.ndarray:
     """A new, writeable, C-contiguous result array (contents undefined); on every call's path: builtins only."""
-    dt = _DTYPES.get(dtype) if type(dtype) is not np.dtype else dtype
-    if dt is None:
-        dt = _DTYPES[dtype] = np.dtype(dtype)
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
     dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(map(int, shape))
     nbytes = math.prod(dims) * dt.itemsize
     if nbytes < MIN_BYTES or dt.hasobject:
