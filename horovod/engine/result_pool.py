@@ -33,8 +33,8 @@ import numpy as np
 #: Results below this size come straight from numpy. 128 KiB is glibc's default mmap threshold: from there a fresh
 #: allocation may be a new mapping, or heap that glibc returned to the kernel when a step dropped its results, and
 #: every page faults in again (in a VM, a few µs each). Measured in-job at np = 2 (docs/benchmarks.md, session 20):
-#: a step of 8 asynchronous allreduces whose results it holds took 0.50–0.62× the time at 128 KiB and 0.44–0.53×
-#: at 256–512 KiB with the pool; results dropped at once, back to back, cost up to ~15 % more (the pool's ~4 µs).
+#: a step of 8 asynchronous allreduces whose results it holds took 0.50–0.72× the time at 128 KiB and 0.43–0.53×
+#: at 256–512 KiB with the pool; results dropped at once, back to back, cost up to ~10 % more (the pool's ~4 µs).
 MIN_BYTES = 128 << 10
 #: Free blocks kept for reuse, in bytes, at most (the memory a job may hold beyond its live results).
 MAX_POOLED_BYTES = 96 << 20
@@ -70,6 +70,8 @@ def _lease(block: np.ndarray, shape: Tuple[int, ...], dtype: np.dtype) -> _Lease
         faces = _FACES[id(block)] = {}
     face = faces.get((shape, dtype))
     if face is None:   # (``block.ctypes`` and ``dtype.descr`` run Python code inside numpy: neither is on this path)
+        if len(faces) >= _FACES_MAX:   # a block serves results of many shapes (sizes within MAX_SLACK of it)
+            faces.clear()
         face = faces[(shape, dtype)] = {"shape": shape, "typestr": dtype.str, "strides": None, "version": 3,
                                         "data": block.__array_interface__["data"],
                                         **({"descr": dtype.descr} if dtype.names else {})}
@@ -82,7 +84,7 @@ def _lease(block: np.ndarray, shape: Tuple[int, ...], dtype: np.dtype) -> _Lease
 #: id of a block -> (shape, dtype) -> the array interface of that view of it. Keyed by id, so an entry must go when
 #: its block does (a new block may get the id): the pool drops a block's entry whenever it lets go of the block.
 _FACES: Dict[int, Dict[Tuple[Tuple[int, ...], np.dtype], dict]] = {}
-_FACES_MAX = 256
+_FACES_MAX = 64   # blocks with cached interfaces, and interfaces cached per block
 
 
 class ResultPool:

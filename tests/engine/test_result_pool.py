@@ -185,3 +185,27 @@ def test_mixed_size_soak_keeps_memory_bounded():
         assert wrong == 0
         assert peak_pool <= result_pool.MAX_POOLED_BYTES
         assert grown_mib < cap_mib + 64, f"RSS grew by {grown_mib:.0f} MiB over the soak (pool cap {cap_mib:.0f} MiB)"
+
+
+def test_cached_interfaces_stay_bounded_and_go_with_their_block():
+    """Leases cache each block's array interface per shape: results of many shapes from one block stay right and
+    the cache bounded, and a block the pool lets go of takes its entries along (a new block may reuse its id)."""
+    for i in range(3 * result_pool._FACES_MAX):   # every size within MAX_SLACK of the first: one block serves all
+        a = result_pool.empty((BIG - i,), np.float32)
+        a[...] = i
+        assert a.shape == (BIG - i,) and a[-1] == i
+        del a
+    assert len(result_pool._FACES) <= result_pool._FACES_MAX
+    assert all(len(faces) <= result_pool._FACES_MAX for faces in result_pool._FACES.values())
+    pool = result_pool.pool()
+    cap = pool.max_bytes
+    pool.max_bytes = MIN_BYTES   # room for one free block: the second one freed pushes the first out
+    try:
+        pool.clear()
+        first, second = result_pool.empty((BIG,), np.float32), result_pool.empty((BIG,), np.float32)
+        first_id = id(first.base.block)
+        assert first_id in result_pool._FACES
+        del first, second
+        assert first_id not in result_pool._FACES and pool.free_bytes == MIN_BYTES
+    finally:
+        pool.max_bytes = cap
