@@ -80,7 +80,9 @@ def test_collective_longer_than_timeout_then_next_one_works(transport):
     reason = transport_skip_reason(transport)
     if reason:
         pytest.skip(reason)
-    timeout = 3.0   # each stop lasts a third of it: a loaded machine must not make the throttled peer look silent
+    # Each stop lasts a quarter of it, so any stretch of one timeout holds at least two of the throttled rank's
+    # half-second runs: with a third (3 s), a loaded CI machine once kept it from sending a byte for a whole timeout.
+    timeout = 4.0
     results = run(throttled_worker, 2, transport, args=(128, timeout, 1.0, 0.5, 4), timeout=900,
                   env={"HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout))})
     for rank, out in enumerate(results):
