@@ -183,6 +183,7 @@ def _start(config: Config, process_sets: Sequence[Sequence[int]] = (), generatio
                      scope=scope + "-" + name,
                      options=TransportOptions(
                          small_message_bytes=config.small_message_bytes, mpi_comm=mpi_comm,
+                         shm_single_copy_bytes=config.shm_single_copy_bytes,
                          # Multi-host jobs use it unless HOROVOD_HIERARCHICAL_ALLREDUCE=0 says otherwise.
                          hierarchical_allreduce=config.hierarchical_allreduce
                          or "hierarchical_allreduce" not in config.fixed,

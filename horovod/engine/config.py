@@ -220,6 +220,13 @@ class Config:
         "DistributedOptimizer / DistributedGradientTape (without groups, not Adasum): small gradients travel "
         "packed in buckets of up to this many bytes, one allreduce per bucket (0: one allreduce per gradient).",
         minimum=0, maximum=MAX_BYTES)
+    # 4 MiB: a copy that no longer fits the caches runs at memory speed, where one pass through the kernel beats
+    # two through the segments (docs/benchmarks.md, session 21); below, the staged copies win.
+    shm_single_copy_bytes: int = knob(
+        4 * MIB, "HOROVOD_SHM_SINGLE_COPY_BYTES", "shm transport: an allgather's block or an alltoall's piece of "
+        "at least this many bytes is read straight from the sending rank's memory (Linux cross-memory attach: one "
+        "copy instead of two through shared memory), where the kernel lets every rank do so (0 disables).",
+        minimum=0, maximum=MAX_BYTES)
     small_message_bytes: int = knob(
         256 * 1024, "HOROVOD_SMALL_MESSAGE_BYTES", "tcp transport: below this many bytes, latency-optimal "
         "algorithms instead of rings (shm switches at 1 MiB on its own).", minimum=0, maximum=MAX_BYTES)

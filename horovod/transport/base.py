@@ -224,6 +224,9 @@ class TransportOptions:
         shm_small_bytes: shm: one-step allreduce while bytes × ranks is at most this.
         shm_spin_us: shm: adaptive spin before blocking (None: the engine's default for this host).
         shm_backing: shm: ``"memfd"`` (anonymous) or ``"file"`` (a file under /dev/shm).
+        shm_single_copy_bytes: shm: an allgather block or alltoall piece of at least this many bytes is read
+            from the sender's own memory (:mod:`horovod.transport.cma`) where every rank can; 0: never
+            (``HOROVOD_SHM_SINGLE_COPY_BYTES``).
         hierarchical_allreduce: hierarchical: split allreduce into host and cross-host steps.
         hierarchical_allgather: hierarchical: gather inside each host first (``HOROVOD_HIERARCHICAL_ALLGATHER``).
         mpi_comm: mpi: the communicator to use (``MPI.COMM_WORLD`` when None).
@@ -241,6 +244,7 @@ class TransportOptions:
     shm_small_bytes: int = MIB
     shm_spin_us: Optional[float] = None
     shm_backing: str = "memfd"
+    shm_single_copy_bytes: int = 4 * MIB
     hierarchical_allreduce: bool = True
     hierarchical_allgather: bool = False
     mpi_comm: Any = None

@@ -8,14 +8,17 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import secrets
 import select
 import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
-from horovod.transport.spin import Spinner, default_budget_us
+from horovod.transport import cma
 from horovod.transport.base import Transport, TransportError
+from horovod.transport.cma import CmaError, Reader
+from horovod.transport.spin import Spinner, default_budget_us
 from horovod.transport.shm_node import (DEFAULT_SPIN_US, HELLO, LINE_BYTES, MAGIC, ONE, POLL_DEAD, Node, map_segment,
                                         new_segment_fd, recv_msg, segment_layout, send_msg)
 
@@ -71,6 +74,7 @@ class ShmGroup(Transport):
         self._sub_bytes = self._half_bytes // self.size // LINE_BYTES * LINE_BYTES
         self._chunk_bytes = min(node.chunk_bytes, self._half_bytes)
         self._small_bytes = node.small_bytes
+        self._single_copy_bytes = node.single_copy_bytes
         # spinning pays only when no rank on this host (in any group) has to wait for a core
         self._spinner = Spinner(node.spin_us if node.spin_us is not None
                                 else default_budget_us(node.size, DEFAULT_SPIN_US))
@@ -139,6 +143,34 @@ class ShmGroup(Transport):
                 os.close(fd)
             raise
         self._attach(fds)
+
+    def probe_single_copy(self) -> bool:
+        """World group, at setup: whether every rank can read every peer's memory (:mod:`horovod.transport.cma`);
+        the answer (the same on every rank) is kept as the node's reader.  Two steps on every rank."""
+        node = self._node
+        try:
+            reader: Optional[Reader] = Reader() if node.single_copy_bytes else None
+        except CmaError:
+            reader = None
+        token = np.array([secrets.randbits(62) + 1], np.int64)
+        mine = self._meta[self.rank]
+        mine[0][0], mine[0][1] = int(token[0]), cma.address(token)
+        self._wait(self._step())
+        ok = all(cma.probe(reader, self._pid(q), int(self._meta[q][0][1]), int(self._meta[q][0][0]))
+                 for q in self._peers)
+        mine[1][0] = int(ok)
+        s = self._step()
+        self._wait(s)
+        agreed = all(self._meta[q][1][0] == 1 for q in range(self.size))
+        # Half 0's block was read before step s, half 1's before each peer's next step.
+        self._free_at = [s, s + 1]
+        del token   # (kept alive until every peer has read it: they all passed step s)
+        node.cma = reader if agreed else None
+        return agreed
+
+    def _pid(self, q: int) -> int:
+        """Group rank ``q``'s process id (as this process's namespace sees it: the probe checks it is that peer)."""
+        return self._node.peers[self._members[q]].pid
 
     def segment_maps(self) -> List[mmap.mmap]:
         """Every member's segment, by group rank (own writable, the others read-only)."""

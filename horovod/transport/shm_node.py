@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Protocol, Sequence, Tuple, cast
 
 from horovod.transport import sockets as _sk
 from horovod.transport.base import Bootstrap, LocalTransport, Transport, TransportError
+from horovod.transport.cma import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +84,15 @@ def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
 
 
+def meta_bytes(size: int) -> int:
+    """One half's metadata block: a more-flag, a buffer address, a byte count per rank and ``size + 1`` byte
+    offsets into the buffer (single-copy reads, :mod:`horovod.transport.cma`)."""
+    return _round_up(8 * (2 * size + 3), LINE_BYTES)
+
+
 def lane_payload_offset(size: int) -> int:
     """Where a segment's fast-lane payload starts: after the header and the two metadata blocks."""
-    return 128 + 2 * _round_up(8 * (size + 2), LINE_BYTES)
+    return 128 + 2 * meta_bytes(size)
 
 
 def round_board_offset(size: int) -> int:
@@ -145,10 +152,11 @@ def segment_layout(segment_bytes: int, size: int) -> Tuple[int, int, int, int]:
     """(metadata bytes per half, data offset, half bytes, total bytes) of a segment.
 
     Header: step counter at 0, the fast lane's counters at :data:`LANE_FIELDS`, then one metadata block per half
-    at 128 (a more-flag and per-peer byte counts), then the fast lane's two payloads (:func:`lane_payload_offset`) and
-    the round board (:func:`round_board_offset`).
+    at 128 (:func:`meta_bytes`: a more-flag, a buffer address for single-copy reads, per-peer byte counts or
+    offsets), then the fast lane's two payloads (:func:`lane_payload_offset`) and the round board
+    (:func:`round_board_offset`).
     """
-    meta = _round_up(8 * (size + 2), LINE_BYTES)
+    meta = meta_bytes(size)
     data_off = _round_up(round_board_offset(size) + ROUND_BOARD_BYTES, _PAGE)
     # at least one cache line per peer in the per-destination subslots of alltoallv / reducescatter
     half = max(_round_up(size * LINE_BYTES, _PAGE), segment_bytes // 2 // _PAGE * _PAGE)
@@ -237,6 +245,9 @@ class Node:
         self.small_bytes = int(opts.shm_small_bytes)
         self.spin_us = opts.shm_spin_us
         self.backing = str(opts.shm_backing)
+        self.single_copy_bytes = max(0, int(opts.shm_single_copy_bytes))
+        #: Reads from the peers' memory, once the world group found every rank can (ShmGroup.probe_single_copy).
+        self.cma: Optional[Reader] = None
         if self.backing not in ("memfd", "file"):
             raise ValueError(f"shm_backing must be 'memfd' or 'file', got {self.backing!r}")
         self.wake_r, self.wake_w = _make_wake()

@@ -1,6 +1,6 @@
 """What only the shared-memory transport has, on real forked processes: it refuses a world spread over hosts,
-releases every segment on close (memfd and /dev/shm file backing), reports a killed rank quickly, and names an
-alltoallv count mismatch.
+releases every segment on close (memfd and /dev/shm file backing), reports a killed rank quickly, names an
+alltoallv count mismatch, and uses single-copy reads only where every rank can.
 
 Every job runs in forked processes under a hard deadline (the parent kills stragglers and fails the test), so
 nothing can hang the suite.  Its collectives against numpy, at np = 1 to 4 with tiny and default segments, are in
@@ -160,8 +160,8 @@ def test_killed_rank_is_reported_quickly(size, backing, fork_child):
     assert not _shm_entries(token)
 
 
-def _body_mismatch(rank, size):
-    t = create_shm(_boot("bad", {}))
+def _body_mismatch(rank, size, single_copy_bytes):
+    t = create_shm(_boot("bad", {"shm_single_copy_bytes": single_copy_bytes}))
     # rank 0 sends 5 elements to rank 1, which expects 4: rank 1 must say so (rank 0 may finish happily)
     send = np.zeros(10, np.float32)
     recv = np.zeros(10, np.float32)
@@ -177,8 +177,9 @@ def _body_mismatch(rank, size):
         t.close()
 
 
-def test_alltoallv_count_mismatch_is_reported():
-    results = _ok(_launch(2, _body_mismatch))
+@pytest.mark.parametrize("single_copy_bytes", [0, 4], ids=["staged", "single-copy"])
+def test_alltoallv_count_mismatch_is_reported(single_copy_bytes):
+    results = _ok(_launch(2, _body_mismatch, single_copy_bytes))
     assert results[1] is not None and "recv_counts[0] = 4" in results[1]
 
 
@@ -223,3 +224,34 @@ def _body_broadcast_pieces(rank, size):
 def test_large_broadcasts_take_larger_pieces_and_arrive_whole(size):
     results = _ok(_launch(size, _body_broadcast_pieces))
     assert all(all(v) and len(v) == 4 * size for v in results.values()), results
+
+
+def _kernel_allows_single_copy():
+    """Whether a forked child can read its parent's memory: the kernel's answer, asked without the transport."""
+    from horovod.transport import cma
+    token = np.array([0x5EED], np.int64)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if cma.probe(cma.Reader(), parent, cma.address(token), 0x5EED) else 1)
+        except BaseException:
+            os._exit(2)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def _body_single_copy(rank, size, on_ranks):
+    t = create_shm(_boot("single-copy", {"shm_single_copy_bytes": 4096 if rank in on_ranks else 0}))
+    try:
+        return t._node.cma is not None
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_single_copy_reads_are_used_only_where_every_rank_can(size):
+    """Every rank probes every peer at setup and they agree: on where the kernel allows it and no rank turned it
+    off; off everywhere when one rank did (a rank reading by address while a peer staged its bytes would wait)."""
+    allowed = _kernel_allows_single_copy()
+    assert _ok(_launch(size, _body_single_copy, tuple(range(size)))) == {r: allowed for r in range(size)}
+    assert _ok(_launch(size, _body_single_copy, tuple(range(1, size)))) == {r: False for r in range(size)}

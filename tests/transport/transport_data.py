@@ -186,6 +186,10 @@ VARIANTS: Dict[str, List[Variant]] = {
         # defaults: one step up to 1 MiB x ranks, 1 MiB chunks, 2 MiB halves; 2.5 MB crosses them
         Variant("shm-default", {}, (65_539,), big_bytes=5 << 19, dtypes=("float32", "float16", "bool"),
                 ops=("sum", "max"), cases=DEFAULTS),
+        # single-copy reads from 2 KiB: allgathers past it, alltoalls whose pieces are read or staged (or both in
+        # one call: the ragged counts), through tiny halves
+        Variant("shm-single-copy", {**SHM_TINY, "shm_single_copy_bytes": 2048}, SMALL_SIZES, big_bytes=40_000,
+                dtypes=("float32", "uint8"), cases=("allgatherv", "alltoallv", "random_program")),
     ],
     "mpi": [
         # Open MPI's own algorithms, then 8 MiB of float32 for its large-message protocol
