@@ -215,11 +215,14 @@ class ShmTransport(ShmGroup):
             s = self._step()
             rv[displ[r]:displ[r] + nb[r]] = sv
             self._wait(s)
+            failed = None
             for q in self._peers:
                 if nb[q]:
-                    self._read_peer(q, int(self._meta[q][h][1]), rv[displ[q]:displ[q] + nb[q]])
+                    failed = failed or self._read_peer(q, int(self._meta[q][h][1]), rv[displ[q]:displ[q] + nb[q]])
             self._free_at[h] = s + 1
             self._wait(self._step())   # every reader is done: the send buffer may change
+            if failed is not None:
+                raise failed
             return
         rv[displ[r]:displ[r] + nb[r]] = sv
         for off in range(0, max(nb), hb):
@@ -318,13 +321,16 @@ class ShmTransport(ShmGroup):
             if not more:
                 break
         if single:
+            failed = None
             for q, (address, nbytes) in pieces.items():
                 if nbytes != rb[q]:
                     error = error or (q, nbytes)
                 else:
-                    self._read_peer(q, address, rv[rd[q]:rd[q] + nbytes])
+                    failed = failed or self._read_peer(q, address, rv[rd[q]:rd[q] + nbytes])
                     got[q] = nbytes
             self._wait(self._step())   # every reader is done: the send buffer may change
+            if failed is not None:
+                raise failed
         short = [q for q in self._peers if got[q] != rb[q]]
         if error is not None or short:
             q, nbytes = error or (short[0], got[short[0]])
@@ -341,16 +347,22 @@ class ShmTransport(ShmGroup):
         if offsets:
             meta[2 + self.size:2 + self.size + len(offsets)] = offsets
 
-    def _read_peer(self, q: int, address: int, dst: np.ndarray) -> None:
-        """Copy ``dst.nbytes`` bytes at ``address`` in group rank ``q``'s memory into ``dst``."""
+    def _read_peer(self, q: int, address: int, dst: np.ndarray) -> Optional[TransportError]:
+        """Copy ``dst.nbytes`` bytes at ``address`` in group rank ``q``'s memory into ``dst``; the error, if the read
+        failed, for the caller to raise after its last step (whose wait names a peer that died instead: a peer that
+        gave up the call because a third rank died may have freed the buffer being read)."""
         node = self._node
         assert node.cma is not None
         try:
             node.cma.read(self._pid(q), address, dst)
+            return None
         except CmaError as exc:
-            raise TransportError(f"shm transport: rank {self.rank} could not read {dst.nbytes} bytes of "
-                                 f"{node.describe(self._members[q])} in {self._op} ({exc}); if that process is "
-                                 f"alive, HOROVOD_SHM_SINGLE_COPY_BYTES=0 turns these reads off", peer=q) from exc
+            error = TransportError(f"shm transport: rank {self.rank} could not read {dst.nbytes} bytes of "
+                                   f"{node.describe(self._members[q])} in {self._op} ({exc}): the process exited "
+                                   f"or was killed (if it is alive, HOROVOD_SHM_SINGLE_COPY_BYTES=0 turns these "
+                                   f"reads off)", peer=q)
+            error.__cause__ = exc
+            return error
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = SUM) -> None:
         counts = self._check_counts(counts, "counts")

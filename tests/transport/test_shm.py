@@ -116,9 +116,12 @@ def test_close_releases_everything(backing):
         assert not _shm_entries(token)
 
 
-def _body_killed(rank, size, backing, fork_child, started):
-    t = create_shm(_boot("kill", {"shm_backing": backing}, timeout=120.0))
+def _body_killed(rank, size, backing, fork_child, started, collective="allreduce"):
+    t = create_shm(_boot("kill", {"shm_backing": backing, "shm_single_copy_bytes": 4096}, timeout=120.0))
     buf = np.ones(4 << 20, np.float32)  # 16 MB: several chunks per allreduce
+    if collective == "allgather":   # blocks read straight from the peers' memory (single copy), when it can
+        out = np.empty(buf.size * size, np.float32)
+        t.allreduce = lambda b: t.allgatherv(b, out, [b.size] * size)
     t.allreduce(buf)
     child = 0
     if fork_child and rank == size - 1:
@@ -136,8 +139,11 @@ def _body_killed(rank, size, backing, fork_child, started):
         return exc.peer, str(exc), t._node.token
 
 
-@pytest.mark.parametrize("size,backing,fork_child", [(2, "memfd", True), (3, "file", False), (4, "memfd", False)])
-def test_killed_rank_is_reported_quickly(size, backing, fork_child):
+@pytest.mark.parametrize("size,backing,fork_child,collective", [(2, "memfd", True, "allreduce"),
+                                                                 (3, "file", False, "allreduce"),
+                                                                 (4, "memfd", False, "allreduce"),
+                                                                 (3, "memfd", False, "allgather")])
+def test_killed_rank_is_reported_quickly(size, backing, fork_child, collective):
     """SIGKILL one rank mid-allreduce: the others raise TransportError naming it, long before the 120 s timeout."""
     started = CTX.Queue()
     victim = size - 1
@@ -148,7 +154,8 @@ def test_killed_rank_is_reported_quickly(size, backing, fork_child):
         time.sleep(0.2)  # let the loop get well into an allreduce
         job.kill(victim)  # the harness kills its forked child (it holds the victim's pipes) with its session
 
-    got = _launch(size, _body_killed, backing, fork_child, started, on_start=kill_when_running, timeout=30.0)
+    got = _launch(size, _body_killed, backing, fork_child, started, collective, on_start=kill_when_running,
+                  timeout=30.0)
     assert got[victim][0] == "died", got[victim]
     for rank, (status, value) in got.items():
         if rank == victim:
