@@ -44,12 +44,13 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # Session 20 raised it by 55: the result pool from 128 KiB, with a take and release of a dict lookup each and the
 # leases' array interfaces cached (a step holding 8 asynchronous results of 128-512 KiB 0.43-0.72x; the pool's own
 # cost per result 8-11 -> ~4 us), and the idle sweep at most once a second.
-# Session 21 raised it by 256: single-copy reads on shared memory (horovod/transport/cma.py, 94 lines: process_vm_readv
+# Session 21 raised it by 260: single-copy reads on shared memory (horovod/transport/cma.py, 94 lines: process_vm_readv
 # through ctypes, and the probe every rank must pass; the shm transport's allgather blocks and alltoall pieces from
 # 4 MiB read from the sender's memory, its setup probe, the mixed staged/read alltoall; an allgather of 64 MiB at
 # np = 2 0.82x, an alltoall of 16-64 MiB at np = 4 0.51-0.59x through the engine), and shm_pair.py's header
-# (sendrecv moved out of shm.py, which was over the module limit).
-CORE_BUDGET = 17553
+# (sendrecv moved out of shm.py, which was over the module limit), and ShmTransport._reads_done, the one place
+# that states when a posted buffer may change.
+CORE_BUDGET = 17557
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {

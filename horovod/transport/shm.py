@@ -220,9 +220,7 @@ class ShmTransport(ShmGroup):
                 if nb[q]:
                     failed = failed or self._read_peer(q, int(self._meta[q][h][1]), rv[displ[q]:displ[q] + nb[q]])
             self._free_at[h] = s + 1
-            self._wait(self._step())   # every reader is done: the send buffer may change
-            if failed is not None:
-                raise failed
+            self._reads_done(failed)
             return
         rv[displ[r]:displ[r] + nb[r]] = sv
         for off in range(0, max(nb), hb):
@@ -328,9 +326,7 @@ class ShmTransport(ShmGroup):
                 else:
                     failed = failed or self._read_peer(q, address, rv[rd[q]:rd[q] + nbytes])
                     got[q] = nbytes
-            self._wait(self._step())   # every reader is done: the send buffer may change
-            if failed is not None:
-                raise failed
+            self._reads_done(failed)
         short = [q for q in self._peers if got[q] != rb[q]]
         if error is not None or short:
             q, nbytes = error or (short[0], got[short[0]])
@@ -363,6 +359,14 @@ class ShmTransport(ShmGroup):
                                    f"reads off)", peer=q)
             error.__cause__ = exc
             return error
+
+    def _reads_done(self, failed: Optional[TransportError]) -> None:
+        """The last step of a call that posted a buffer for single-copy reads: once every peer has made it, nobody
+        reads this rank's buffer any more, so it may change.  A failed read is raised only then: the wait names a
+        peer that died, where the read itself may have failed on a living peer that gave up the call."""
+        self._wait(self._step())
+        if failed is not None:
+            raise failed
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = SUM) -> None:
         counts = self._check_counts(counts, "counts")
