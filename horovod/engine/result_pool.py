@@ -32,7 +32,7 @@ import numpy as np
 
 #: Results below this size come straight from numpy. 128 KiB is glibc's default mmap threshold: from there a fresh
 #: allocation may be a new mapping, or heap that glibc returned to the kernel when a step dropped its results, and
-#: every page faults in again (in a VM, a few µs each). Measured in-job at np = 2 (docs/benchmarks.md, session 20):
+#: every page faults in again (in a VM, a few µs each). Measured in-job at np = 2 (docs/decisions/0010-result-pool.md):
 #: a step of 8 asynchronous allreduces whose results it holds took 0.50–0.72× the time at 128 KiB and 0.43–0.53×
 #: at 256–512 KiB with the pool; results dropped at once, back to back, cost up to ~10 % more (the pool's ~4 µs).
 MIN_BYTES = 128 << 10
