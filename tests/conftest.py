@@ -3,6 +3,7 @@ named like frameworks (tests/torch, tests/ray, tests/jax, ...) from standing in 
 import glob
 import importlib.util
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -78,6 +79,7 @@ def _missing(modules):
 def pytest_collection_modifyitems(config, items):
     from fast_tier import FAST_TIER, selects
 
+
     missing = {folder: _missing(needs) for folder, needs in _FOLDER_NEEDS.items()}
     for item in items:
         if any(selects(entry, item.nodeid) for entry in FAST_TIER):   # node ids are relative to the repo root
@@ -96,10 +98,72 @@ _DOCTOR_DIRS = os.path.join(tempfile.gettempdir(), "horovod-doctor-*")
 _doctor_dirs_before: set = set()
 
 
+_file_seconds: dict = {}
+_file_cpu: dict = {}
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of every child it reaped (ranks, launchers, their children)."""
+    import rank_pool
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + rank_pool.live_cpu_seconds()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_SETUP] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Carried by the test's teardown report (so it also reaches xdist's controller); warm ranks count as they
+    # run (rank_pool.live_cpu_seconds), the reaped ones in the children's time.
+    outcome = yield
+    if call.when == "teardown" and _CPU_AT_SETUP in item.stash:
+        outcome.get_result().user_properties.append(("cpu_seconds", _cpu_seconds() - item.stash[_CPU_AT_SETUP]))
+
+
+def pytest_runtest_logreport(report):
+    # Setup, call and teardown of every test, summed per file.
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+    for key, value in report.user_properties:
+        if key == "cpu_seconds" and report.when == "teardown":
+            _file_cpu[path] = _file_cpu.get(path, 0.0) + value
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the suite's time went: the slowest files and the total per folder (CONTRIBUTING quotes these)."""
+    if not _file_seconds:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("time per test file (setup + call + teardown)")
+    write("    wall  CPU (s)  file")
+    for path, seconds in sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:15]:
+        write(f"{seconds:8.1f} {_file_cpu.get(path, 0.0):8.1f}  {path}")
+    folders: dict = {}
+    for path, seconds in _file_seconds.items():
+        parts = path.split("/")
+        folder = "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+        wall, cpu = folders.get(folder, (0.0, 0.0))
+        folders[folder] = (wall + seconds, cpu + _file_cpu.get(path, 0.0))
+    terminalreporter.section("time per folder")
+    write("    wall  CPU (s)  folder")
+    for folder, (wall, cpu) in sorted(folders.items(), key=lambda kv: -kv[1][0]):
+        write(f"{wall:8.1f} {cpu:8.1f}  {folder}")
+    write(f"{sum(w for w, _ in folders.values()):8.1f} {sum(c for _, c in folders.values()):8.1f}  in all "
+          f"(summed over test processes; CPU of Spark's and Ray's daemons not counted)")
+
+
 def pytest_sessionstart(session):
     _doctor_dirs_before.update(glob.glob(_DOCTOR_DIRS))
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import rank_pool
+
+    rank_pool.close_all()
     for path in set(glob.glob(_DOCTOR_DIRS)) - _doctor_dirs_before:
         shutil.rmtree(path, ignore_errors=True)

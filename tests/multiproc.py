@@ -34,6 +34,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import cloudpickle
 
+import rank_pool
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
 _DIR_VAR = "HVD_TEST_JOB_DIR"  # where a rank finds its function and writes its outcome and messages
@@ -142,8 +144,23 @@ def _wait_for(path: str, what: str) -> None:
 
 
 def _rank_main(fn_args: Optional[Tuple[Callable, tuple]]) -> None:
-    """Run the rank's function and write its outcome (``fn_args`` is given by a fork, loaded otherwise)."""
+    """Run the rank's function, write its outcome and exit (``fn_args`` is given by a fork, loaded otherwise)."""
     job_dir = os.environ[_DIR_VAR]
+    ok = _run_call(job_dir, fn_args)
+    if os.environ.get(_LINGER_VAR) == "1":
+        rank, _ = rank_and_size()
+        _wait_for(os.path.join(job_dir, "done"), f"lingering rank {rank}")
+    if not ok:
+        # A non-zero exit also makes mpirun end the job: the other ranks may wait in a collective forever.
+        os._exit(1)
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(0)  # no atexit handlers: a framework's threads must not keep a finished rank alive
+
+
+def _run_call(job_dir: str, fn_args: Optional[Tuple[Callable, tuple]] = None) -> bool:
+    """Run one call's function on this rank and write its outcome file; True when it returned."""
     rank, _ = rank_and_size()
     try:
         if fn_args is None:
@@ -164,18 +181,11 @@ def _rank_main(fn_args: Optional[Tuple[Callable, tuple]]) -> None:
     except Exception as exc:  # noqa: BLE001  (an unpicklable result must still be reported)
         with open(path + ".tmp", "wb") as f:
             cloudpickle.dump(("error", f"rank {rank}: the result cannot be pickled: {exc!r}", None), f)
+        outcome = ("error",)
     os.rename(path + ".tmp", path)
     sys.stdout.flush()
     sys.stderr.flush()
-    if os.environ.get(_LINGER_VAR) == "1":
-        _wait_for(os.path.join(job_dir, "done"), f"lingering rank {rank}")
-    if outcome[0] != "ok":
-        # A non-zero exit also makes mpirun end the job: the other ranks may wait in a collective forever.
-        os._exit(1)
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-    os._exit(0)  # no atexit handlers: a framework's threads must not keep a finished rank alive
+    return outcome[0] == "ok"
 
 
 # ------------------------------------------------------------------------------------------ the test side
@@ -363,6 +373,10 @@ def run_ranks(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dic
                 with open(os.path.join(job_dir, "fn.pkl"), "wb") as f:
                     cloudpickle.dump((fn, tuple(args)), f)
             common = {_DIR_VAR: job_dir, _LINGER_VAR: "1" if linger else "0"}
+            pool = _warm_pool(np, python, env, rank_env_overrides, common, server.port, secret, hosts) \
+                if rank_pool.pooled_kwargs_ok(launcher, expect_failure, ranks, hold, on_start, linger) else None
+            if pool is not None:
+                return _run_in_pool(pool, np, job_dir, timeout)
             if launcher == "mpirun":
                 full = _base_env()
                 full.update(env or {})
@@ -399,6 +413,52 @@ def run_ranks(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dic
     finally:
         _end(procs)   # when on_start or a launch raised
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _rank_envs(np: int, env: Optional[Dict[str, str]], overrides: Optional[Dict[int, Dict[str, str]]],
+               common: Dict[str, str], port: int, secret: bytes, hosts: Optional[Sequence[str]]
+               ) -> Dict[int, Dict[str, str]]:
+    envs = {}
+    for rank in range(np):
+        extra = dict(env or {})
+        extra.update((overrides or {}).get(rank, {}))
+        extra.update(common)
+        extra[_HOLD_VAR] = "0"
+        envs[rank] = rank_env(rank, np, "127.0.0.1", port, secret, extra, hosts)
+    return envs
+
+
+def _warm_pool(np: int, python: Optional[str], env: Optional[Dict[str, str]],
+               overrides: Optional[Dict[int, Dict[str, str]]], common: Dict[str, str], port: int, secret: bytes,
+               hosts: Optional[Sequence[str]]) -> Optional["rank_pool.Pool"]:
+    envs = _rank_envs(np, env, overrides, common, port, secret, hosts)
+    interpreter = python or sys.executable
+    pool = rank_pool.pool_for(np, interpreter, envs,
+                              lambda r, e: rank_pool.spawn(interpreter, TESTS, e, die_with_launcher()))
+    if pool is not None:
+        pool.submit(common[_DIR_VAR], envs)
+    return pool
+
+
+def _run_in_pool(pool: "rank_pool.Pool", np: int, job_dir: str, timeout: float) -> List[Any]:
+    """Wait for a call handed to warm workers; keep the pool only when every rank returned and cleaned up."""
+    procs = pool.procs()
+    deadline = time.monotonic() + timeout
+    results = [os.path.join(job_dir, f"result.{r}.pkl") for r in range(np)]
+    timed_out = False
+    while not all(os.path.exists(path) or procs[r].exited() for r, path in enumerate(results)):
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+        time.sleep(0.005)
+    ok = not timed_out and all(os.path.exists(path) for path in results) and not pool.broken
+    if ok:
+        for path in results:
+            with open(path, "rb") as f:
+                ok = ok and pickle.load(f)[0] == "ok"
+    if not (ok and pool.await_ready()):
+        rank_pool.discard(pool)
+    return _collect(np, list(range(np)), procs, job_dir, timeout, timed_out, expect_failure=False)
 
 
 def suite_runner(worker_env: Dict[str, str], timeout: float, **fixed: Any) -> Callable[..., List[Any]]:
