@@ -1,6 +1,6 @@
-"""The fast tier: ``python -m pytest -m fast`` (≤ 2 minutes on 2 cores) touches every layer once.
+"""The fast tier: ``python -m pytest -m fast`` (≤ 60 s on 2 cores with torch installed) touches every layer once.
 
-Run it first and before every commit; the full suite (12–18 minutes) is for before a merge. The entries are pytest
+Run it first and before every commit; the full suite (``bash .ci/run``) is for before a merge. The entries are pytest
 node ids or prefixes of them (a file, or a test without its parameters); tests/conftest.py marks what they select
 with ``fast``, and tests/test_fast_tier.py fails when an entry no longer names a test. A test that is not
 installed (a framework missing) is skipped there as everywhere else.
@@ -23,6 +23,15 @@ FAST_TIER = (
     "tests/engine/test_liveness.py::test_queued_bytes_count_as_life_and_the_same_queue_does_not",
     "tests/engine/test_liveness.py::test_control_reads_by_any_path_count_as_life",
     "tests/engine/test_engine_lifecycle.py::test_shutdown_then_init_with_other_process_sets",
+    # agreement: every strategy of the chain over real ranks (alone, the lane on shm and tcp, the coordinator),
+    # the hold, and the warm rounds on shared memory and over TCP
+    "tests/engine/test_agreement.py",
+    "tests/engine/test_fast_lane.py::test_fast_lane_results_match_numpy_and_engage[shm-2]",
+    "tests/engine/test_fast_lane.py::test_fast_lane_results_match_numpy_and_engage[tcp-2]",
+    "tests/engine/test_lane_hold.py::test_an_asynchronous_call_waited_for_at_once_takes_the_lane[shm-2]",
+    "tests/engine/test_lane_hold.py::test_a_held_call_is_numbered_before_the_next_call[tcp-3]",
+    "tests/engine/test_warm_path.py::test_repeated_collectives_in_any_order_run_warm_and_stay_right[2]",
+    "tests/engine/test_warm_path.py::test_repeated_collectives_run_warm_over_tcp_rounds[2-None]",
     # common: the adapters every binding shares, the elastic bookkeeping
     "tests/test_binding_adapters.py",
     "tests/elastic/test_elastic_units.py",
