@@ -475,9 +475,9 @@ def test_config_precedence_explicit_over_env_over_default():
     assert cfg.fusion_threshold == 128 * MIB and "fusion_threshold" not in cfg.fixed
 
 
-@pytest.mark.parametrize("raw,expected", [("1", True), ("0", False), ("2", True), ("true", True), ("True", True),
-                                          ("yes", True), ("false", False), ("-1", False), (" 1 ", True),
-                                          ("0.0", False)])
+# 2 and -1 are refused since issue 53 (0.28.1 read them as on and off): tests/engine/test_config.py.
+@pytest.mark.parametrize("raw,expected", [("1", True), ("0", False), ("true", True), ("True", True),
+                                          ("yes", True), ("false", False), (" 1 ", True), ("0.0", False)])
 def test_config_bool_parsing(raw, expected):
     assert config.load(env={"HOROVOD_TIMELINE_MARK_CYCLES": raw}).timeline_mark_cycles is expected
 
