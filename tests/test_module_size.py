@@ -52,7 +52,9 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # that states when a posted buffer may change.
 # Issue 53 raised it by 30: knob values refused like the others (a boolean that is not 0 or 1; the flight-recorder
 # directory created and checked at init, where a bad one was found only by the first hang dump, which it lost).
-CORE_BUDGET = 17587
+# And by 90: a grouped call whose ranks passed different numbers of tensors fails every rank at once with a
+# mismatch error (horovod/engine/group_sizes.py), where it waited for the stall inspector.
+CORE_BUDGET = 17677
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
 ALLOWED = {
