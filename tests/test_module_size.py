@@ -57,10 +57,8 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 CORE_BUDGET = 17677
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
-ALLOWED = {
-    # One class (the elastic driver's event loop and worker bookkeeping); splitting it needs its own change.
-    "horovod/runner/elastic/driver.py": 575,
-}
+# (None today: horovod/runner/elastic/driver.py, 568 lines, became driver.py and workers.py in issue 53.)
+ALLOWED: dict = {}
 
 
 def _sizes() -> dict:
