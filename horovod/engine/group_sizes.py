@@ -37,8 +37,7 @@ class GroupSizes:
     """Finds grouped calls whose ranks disagree on the count, and fails them (see the module docstring)."""
 
     def __init__(self) -> None:
-        # (set id, base) of a failed group -> (its error, the active ranks that may still send members of it).
-        self._failed: Dict[Tuple[int, str], Tuple[str, Set[int]]] = {}
+        self._failed: Dict[Tuple[int, str], Tuple[str, Set[int]]] = {}   # (set, base) -> (error, ranks still owing)
 
     def reject(self, pset: Any, req: Request) -> List[Response]:
         """The ERROR responses that fail ``req`` (a grouped request, not yet recorded) and the rest of its group on

@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, TypeVar
 
@@ -53,8 +54,8 @@ class Knob:
         choices: the accepted strings, compared without regard to case (the value keeps the case given).
         pattern: a regular expression a string value must match in full (``""``: any string).
         pattern_help: what ``pattern`` accepts, in words, for messages.
-        directory: a string value (when not empty) names a directory this process must be able to write to; it is
-            created (mode 0700) when missing, as soon as it is read (see :meth:`check_directory`).
+        directory: a string value (when not empty) names a directory this process must be able to write to, or to
+            create, checked as soon as it is read (see :meth:`check_directory`).
     """
 
     name: str
@@ -168,19 +169,20 @@ class Knob:
             raise self._rejection(shown, reason, self.flag_scale)
 
     def check_directory(self, value: str, shown: str) -> None:
-        """Create the directory ``value`` (0700) when missing and check that this process may write there; done
-        when the value is read, since the first write (a hang dump) can only log its failure and lose the dump.
-
-        Raises:
-            ValueError: naming the variable (or flag), the path and why it cannot be used.
-        """
+        """Raise (ValueError, naming the variable or flag) unless ``value`` is a directory this process may write to
+        or create: checked when read, as a hang dump could only log the failure and lose the dump. The test is a
+        probe made and removed (``os.access`` says yes to root even on /proc), so nothing is left on any host."""
+        path = where = os.path.abspath(value)
+        while not os.path.lexists(where):   # creating the path starts in its nearest existing ancestor
+            where = os.path.dirname(where)
+        if not os.path.isdir(where):
+            raise self._rejection(shown, "it is not a directory" if where == path else
+                                  f"it cannot be created: {where} is not a directory")
         try:
-            os.makedirs(value, mode=0o700, exist_ok=True)
+            os.rmdir(tempfile.mkdtemp(prefix=".horovod-probe-", dir=where))
         except OSError as exc:
-            why = "it is not a directory" if isinstance(exc, FileExistsError) else f"it cannot be created ({exc})"
-            raise self._rejection(shown, why) from None
-        if not os.access(value, os.W_OK | os.X_OK):
-            raise self._rejection(shown, "this user may not write to it")
+            raise self._rejection(shown, f"this user may not write to it ({exc.strerror})" if where == path else
+                                  f"it cannot be created in {where} ({exc.strerror})") from None
 
     # -- text --------------------------------------------------------------------------------------------
     def parse(self, raw: str) -> Any:
@@ -224,8 +226,7 @@ class Knob:
         return text
 
     def load(self, raw: str) -> Any:
-        """:meth:`parse` then :meth:`check` one environment string (a directory knob: :meth:`check_directory`
-        too); returns the value."""
+        """:meth:`parse` then :meth:`check` (and :meth:`check_directory`) one environment string; its value."""
         value = self.parse(raw)
         shown = f"{self.env or self.name}={raw!r}"
         self.check(value, shown)
