@@ -50,13 +50,15 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # np = 2 0.82x, an alltoall of 16-64 MiB at np = 4 0.51-0.59x through the engine), and shm_pair.py's header
 # (sendrecv moved out of shm.py, which was over the module limit), and ShmTransport._reads_done, the one place
 # that states when a posted buffer may change.
-CORE_BUDGET = 17557
+# Issue 53 raised it by 30: knob values refused like the others (a boolean that is not 0 or 1; the flight-recorder
+# directory created and checked at init, where a bad one was found only by the first hang dump, which it lost).
+# And by 90: a grouped call whose ranks passed different numbers of tensors fails every rank at once with a
+# mismatch error (horovod/engine/group_sizes.py), where it waited for the stall inspector.
+CORE_BUDGET = 17677
 
 # Today's offenders, each with the size it may not grow past. Remove an entry when its module is split.
-ALLOWED = {
-    # One class (the elastic driver's event loop and worker bookkeeping); splitting it needs its own change.
-    "horovod/runner/elastic/driver.py": 575,
-}
+# (None today: horovod/runner/elastic/driver.py, 568 lines, became driver.py and workers.py in issue 53.)
+ALLOWED: dict = {}
 
 
 def _sizes() -> dict:

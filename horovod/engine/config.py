@@ -156,8 +156,8 @@ class Config:
         "keeps for hang dumps (0: off).", flag="--flight-recorder-size", minimum=0, maximum=1_000_000)
     flight_recorder_dir: str = knob(
         "", "HOROVOD_FLIGHT_RECORDER_DIR", "Directory for hang dumps (each rank's recorder and thread stacks); "
-        "horovodrun makes one per job; empty outside horovodrun: <tmp>/horovod-flight-recorder.",
-        flag="--flight-recorder-dir")
+        "horovodrun makes one per job; empty outside horovodrun: <tmp>/horovod-flight-recorder. hvd.init() fails "
+        "when it can neither be written to nor created.", flag="--flight-recorder-dir", directory=True)
     # Logging.
     log_level: str = knob(
         "WARNING", "HOROVOD_LOG_LEVEL", "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL.",

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, TypeVar
 
@@ -52,6 +54,8 @@ class Knob:
         choices: the accepted strings, compared without regard to case (the value keeps the case given).
         pattern: a regular expression a string value must match in full (``""``: any string).
         pattern_help: what ``pattern`` accepts, in words, for messages.
+        directory: a string value (when not empty) names a directory this process must be able to write to, or to
+            create, checked as soon as it is read (see :meth:`check_directory`).
     """
 
     name: str
@@ -70,6 +74,7 @@ class Knob:
     choices: Tuple[str, ...] = ()
     pattern: str = ""
     pattern_help: str = ""
+    directory: bool = False
 
     # -- what is accepted -------------------------------------------------------------------------------
     def accepted(self, scale: float = 1) -> str:
@@ -91,6 +96,8 @@ class Knob:
             return "one of " + ", ".join(repr(c) for c in self.choices) + " (any case)"
         if self.pattern:
             return self.pattern_help or f"text matching {self.pattern!r}"
+        if self.directory:
+            return "a directory this user can create or write to (or empty)"
         return "any text"
 
     def problem(self, value: Any) -> Optional[str]:
@@ -150,6 +157,8 @@ class Knob:
         if self.type is bool or value is None:
             return
         shown = f"{given} {value!r}"
+        if self.directory and value:
+            self.check_directory(value, shown)
         if self.flag_scale != 1:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise self._rejection(shown, "it is not a finite number", self.flag_scale)
@@ -159,9 +168,25 @@ class Knob:
         if reason is not None:
             raise self._rejection(shown, reason, self.flag_scale)
 
+    def check_directory(self, value: str, shown: str) -> None:
+        """Raise (ValueError, naming the variable or flag) unless ``value`` is a directory this process may write to
+        or create: checked when read, as a hang dump could only log the failure and lose the dump. The test is a
+        probe made and removed (``os.access`` says yes to root even on /proc), so nothing is left on any host."""
+        path = where = os.path.abspath(value)
+        while not os.path.lexists(where):   # creating the path starts in its nearest existing ancestor
+            where = os.path.dirname(where)
+        if not os.path.isdir(where):
+            raise self._rejection(shown, "it is not a directory" if where == path else
+                                  f"it cannot be created: {where} is not a directory")
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".horovod-probe-", dir=where))
+        except OSError as exc:
+            raise self._rejection(shown, f"this user may not write to it ({exc.strerror})" if where == path else
+                                  f"it cannot be created in {where} ({exc.strerror})") from None
+
     # -- text --------------------------------------------------------------------------------------------
     def parse(self, raw: str) -> Any:
-        """Parse the knob's environment string (booleans as the original's core: an integer > 0, or a word).
+        """Parse the knob's environment string (booleans: 0 or 1, or a word; 0.28.1 took any number >= 1).
 
         Raises:
             ValueError: naming the variable, the text received and what is accepted.
@@ -176,7 +201,10 @@ class Knob:
             number = _to_float(text)
             if number is None or not math.isfinite(number):
                 raise self._rejection(shown, "it is not a boolean")
-            return number >= 1
+            # 0.28.1 read any number >= 1 as on; a 2 or 7 is more likely a slip than a "yes": refuse, do not guess.
+            if number not in (0, 1):
+                raise self._rejection(shown, "it is a number other than 0 and 1")
+            return number == 1
         if self.type is int:
             try:
                 return int(text)
@@ -198,16 +226,19 @@ class Knob:
         return text
 
     def load(self, raw: str) -> Any:
-        """:meth:`parse` then :meth:`check` one environment string; returns the value."""
+        """:meth:`parse` then :meth:`check` (and :meth:`check_directory`) one environment string; its value."""
         value = self.parse(raw)
-        self.check(value, f"{self.env or self.name}={raw!r}")
+        shown = f"{self.env or self.name}={raw!r}"
+        self.check(value, shown)
+        if self.directory and value:
+            self.check_directory(value, shown)
         return value
 
 
 def knob(default: _T, env: Optional[str], help: str, *, flag: Optional[str] = None,
          config_key: Optional[str] = None, negatable: bool = False, flag_scale: float = 1, inverted: bool = False,
          aliases: Tuple[str, ...] = (), minimum: Optional[float] = None, maximum: Optional[float] = None,
-         choices: Tuple[str, ...] = (), pattern: str = "", pattern_help: str = "") -> _T:
+         choices: Tuple[str, ...] = (), pattern: str = "", pattern_help: str = "", directory: bool = False) -> _T:
     """Declare a field of ``Config`` as a knob (see :class:`Knob` for the arguments).
 
     Returns:
@@ -215,7 +246,7 @@ def knob(default: _T, env: Optional[str], help: str, *, flag: Optional[str] = No
         annotation is what mypy sees.
     """
     spec = Knob("", type(default), default, env, flag, config_key, help, negatable, flag_scale, inverted,
-                aliases, minimum, maximum, choices, pattern, pattern_help)
+                aliases, minimum, maximum, choices, pattern, pattern_help, directory)
     return dataclasses.field(default=default, metadata={METADATA_KEY: spec})   # typed _T by typeshed
 
 

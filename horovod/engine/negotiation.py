@@ -17,6 +17,7 @@ import numpy as np
 
 from horovod.engine import ops
 from horovod.engine.cache import inline_data
+from horovod.engine.group_sizes import GroupSizes
 from horovod.engine.messages import ERROR, Request, Response
 from horovod.transport.base import reduce_into
 
@@ -214,6 +215,7 @@ class Coordinator:
         self._kind_suspects: Set[Tuple[int, str]] = set()
         # sets with a barrier pending and a blocking collective that arrived since: checked likewise
         self._barrier_suspects: Set[int] = set()
+        self._group_sizes = GroupSizes()   # grouped calls whose ranks passed different counts
 
     # -- process sets ---------------------------------------------------------------------------------
     def register_set(self, set_id: int, ranks: Sequence[int]) -> None:
@@ -249,6 +251,11 @@ class Coordinator:
                 len(self.sets) > 1 and self._conflicting_set(req) is not None):
             self._reject_conflict(req)
             return
+        if req.group is not None:
+            rejected = self._group_sizes.reject(pset, req)
+            if rejected:
+                self._ready.extend(rejected)
+                return
         entry = pset.pending.get(req.name)
         if entry is None:
             entry = pset.pending[req.name] = _Pending(first_seen=now)

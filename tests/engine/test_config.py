@@ -106,7 +106,7 @@ def test_every_numeric_knob_declares_a_range_and_every_string_knob_its_values():
 def _bad_values(k: knobs.Knob):
     """Values outside what ``k`` declares, as environment strings."""
     if k.type is bool:
-        return ["maybe", "nan"]
+        return ["maybe", "nan", "2", "-1"]
     if k.type in (int, float):
         out = ["nan", "inf", "-inf", "lots", repr(k.minimum - 1), repr(k.maximum * 10 + 1)]
         if k.type is int:
@@ -147,6 +147,41 @@ def test_the_values_the_issue_reported(env, raw, accepted):
     with pytest.raises(ValueError) as info:
         config.load({env: raw})
     assert f"{env}={raw!r}" in str(info.value) and accepted in str(info.value)
+
+
+@pytest.mark.parametrize("env,raw,accepted", [
+    # Each one passed silently before (issue 53): a boolean was any number >= 1, and the dump directory was only
+    # tried when the first dump was written, whose failure is logged, so the hang dump was lost without a word.
+    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "2", "0 or 1"),
+    ("HOROVOD_TIMELINE_MARK_CYCLES", "7", "0 or 1"),
+    ("HOROVOD_FLIGHT_RECORDER_DIR", "/proc/nope", "a directory this user can create or write to"),
+])
+def test_the_values_issue_53_reported(env, raw, accepted):
+    with pytest.raises(ValueError) as info:
+        config.load({env: raw})
+    assert f"{env}={raw!r}" in str(info.value) and accepted in str(info.value)
+
+
+def test_booleans_take_0_1_and_the_words():
+    for raw, value in (("0", False), ("1", True), ("1.0", True), (" true ", True), ("Off", False), ("", False)):
+        assert config.load({"HOROVOD_HIERARCHICAL_ALLREDUCE": raw}).hierarchical_allreduce is value, raw
+
+
+def test_the_flight_recorder_directory_is_checked_without_a_trace_or_refused_naming_why(tmp_path):
+    later = tmp_path / "dumps" / "job"   # made by the first dump, as before; checked now
+    assert config.load({"HOROVOD_FLIGHT_RECORDER_DIR": str(later)}).flight_recorder_dir == str(later)
+    assert config.load({"HOROVOD_FLIGHT_RECORDER_DIR": str(tmp_path)}).flight_recorder_dir == str(tmp_path)
+    assert list(tmp_path.iterdir()) == []   # the probes are gone, and nothing was made for good
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for bad, why in ((a_file, "it is not a directory"), (a_file / "below", "cannot be created")):
+        with pytest.raises(ValueError) as info:
+            config.load({"HOROVOD_FLIGHT_RECORDER_DIR": str(bad)})
+        assert f"HOROVOD_FLIGHT_RECORDER_DIR={str(bad)!r}" in str(info.value) and why in str(info.value)
+    # horovodrun's flag is refused before any worker starts.
+    knob = config.KNOBS_BY_NAME["flight_recorder_dir"]
+    with pytest.raises(ValueError, match=r"--flight-recorder-dir '/proc/nope' .*cannot be created"):
+        knob.check_flag("/proc/nope", "--flight-recorder-dir")
 
 
 @pytest.mark.parametrize("knob", [k for k in KNOBS if k.type in (int, float)], ids=lambda k: k.name)
@@ -206,3 +241,13 @@ def test_init_on_every_rank_fails_at_once_on_a_bad_knob():
         assert outcome.error["type"] == "ValueError", outcome.error
         assert "HOROVOD_CYCLE_TIME='nan'" in outcome.error["message"], outcome.error
         assert "a finite number from 0 to 60000" in outcome.error["message"], outcome.error
+
+
+def test_init_on_every_rank_refuses_an_unusable_flight_recorder_directory():
+    outcomes = run_ranks(_init_then_allreduce, 2, env={"HOROVOD_FLIGHT_RECORDER_DIR": "/proc/nope"},
+                         timeout=180, expect_failure=True)
+    for outcome in outcomes:
+        status, _ = outcome
+        assert status == "error", outcome
+        assert "HOROVOD_FLIGHT_RECORDER_DIR='/proc/nope'" in outcome.error["message"], outcome.error
+        assert "a directory this user can create or write to" in outcome.error["message"], outcome.error

@@ -3,7 +3,8 @@
 - :mod:`~horovod.runner.elastic.discovery`: which hosts exist (a discovery script, or fixed hosts).
 - :mod:`~horovod.runner.elastic.blacklist`: hosts whose workers failed, with cooldowns.
 - :mod:`~horovod.runner.elastic.layout`: who is in the next epoch and with which ranks (pure).
-- :mod:`~horovod.runner.elastic.driver`: processes, the rendezvous store, epochs.
+- :mod:`~horovod.runner.elastic.driver`: the job: the rendezvous store, discovery, epochs.
+- :mod:`~horovod.runner.elastic.workers`: the driver's worker processes: start, stop, what an exit means.
 - :mod:`~horovod.runner.elastic.launch`: from ``horovodrun`` flags / ``horovod.run`` arguments to a driver.
 
 The worker side is :mod:`horovod.engine.membership` (joining epochs) and :mod:`horovod.common.elastic`
