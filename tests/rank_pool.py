@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 # What a warm worker runs: the harness module's loop, which handles one call per line read from stdin.
 _WARM_CHILD = r"""

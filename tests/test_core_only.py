@@ -1,10 +1,11 @@
 """A checkout with only the core installed (``pip install -e '.[test]'``: numpy, no framework) runs its tests.
 
 Builds a fresh virtual environment without the system's site-packages, installs the project with its ``test``
-extra (with uv where it is on PATH, as .ci/run does, else pip; from the package index they are configured with), and runs pytest there over every framework's test folder
-and the layering test: the framework tests must be skipped with their reason, not fail or stop collection (the
-test folders named like frameworks once stood in for them; module-level imports of optional packages once
-stopped collection). Collecting the whole suite there must raise no error either.
+extra (with uv where it is on PATH, as .ci/run does, else pip; from the index they are configured with), and runs
+pytest there over every framework's test folder and the layering test: the framework tests must be skipped with
+their reason, not fail or stop collection (the test folders named like frameworks once stood in for them;
+module-level imports of optional packages once stopped collection). Collecting the whole suite there must raise
+no error either.
 
 CONTRIBUTING's first steps must pass in that set-up as they do in CI's: ``python -m pytest -m fast`` (its
 self-check once counted a skipped framework's entry as stale), ``mypy`` (once failed on a torch-only type alias),

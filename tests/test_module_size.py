@@ -38,7 +38,8 @@ TIGHTER = {"horovod/engine/runtime.py": 300}
 # result computed it twice), and the allreduce output contract the lane relies on, stated in the engine API; and by
 # 75: grouped allreduces on the fast lane (a group counts as one lane number; a group of several posts its
 # concatenation and cuts the result back: FastLane.group_placement / propose_group, lane_use.group_result), a
-# TensorFlow training step 0.76x and a 4-tensor grouped call 0.3-0.5x (docs/decisions/0003-grouped-allreduce-on-lane.md).
+# TensorFlow training step 0.76x and a 4-tensor grouped call 0.3-0.5x
+# (docs/decisions/0003-grouped-allreduce-on-lane.md).
 # And by 9: fusion.ALONE_BYTES, a host response of 1 MiB or more runs alone instead of through the fusion buffer's
 # two copies (a group of 2 x 16 MiB allreduces 0.57x, 8 x 1 MiB 0.66x).
 # Session 20 raised it by 55: the result pool from 128 KiB, with a take and release of a dict lookup each and the

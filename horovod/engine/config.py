@@ -213,8 +213,8 @@ class Config:
         "before it blocks; only when every local rank has a core of its own (0 disables).",
         minimum=0, maximum=1_000_000)
     # 4 MiB: each collective of a step costs ~0.1-0.3 ms of Python after a backward pass, so fewer, larger buckets
-    # win (benchmarks/torch_training.py models: +1-8 % against 1 MiB, docs/decisions/0015-gradient-buckets.md); still far below DDP's 25 MiB, so
-    # buckets keep leaving during backward.
+    # win (benchmarks/torch_training.py models: +1-8 % against 1 MiB, docs/decisions/0015-gradient-buckets.md);
+    # still far below DDP's 25 MiB, so buckets keep leaving during backward.
     gradient_bucket_bytes: int = knob(
         4 * MIB, "HOROVOD_GRADIENT_BUCKET_BYTES", "horovod.torch, horovod.tensorflow and Keras "
         "DistributedOptimizer / DistributedGradientTape (without groups, not Adasum): small gradients travel "
