@@ -1,4 +1,4 @@
-"""The fast tier: ``python -m pytest -m fast`` (≤ 60 s on 2 cores with torch installed) touches every layer once.
+"""The fast tier: ``python -m pytest -m fast`` (goal ≤ 60 s on 2 cores with torch installed) touches every layer once.
 
 Run it first and before every commit; the full suite (``bash .ci/run``) is for before a merge. The entries are pytest
 node ids or prefixes of them (a file, or a test without its parameters); tests/conftest.py marks what they select
