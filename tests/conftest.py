@@ -15,48 +15,10 @@ if _TESTS not in sys.path:
     # Appended, not prepended: tests/torch etc. must never shadow the real frameworks.
     sys.path.append(_TESTS)
 
-
-class _FoldersHidden:
-    """The finder of the tests/ path entry, minus the test folders that are not packages.
-
-    pytest puts tests/ on ``sys.path`` itself (this conftest's folder), so where a framework is not installed,
-    ``import torch`` found the folder tests/torch as a namespace package: ``pytest.importorskip("torch")`` passed,
-    ``importlib.util.find_spec`` said installed, and libraries probing ``sys.modules["torch"]`` (scipy, through
-    scikit-learn) failed on it.  Hidden here, the name resolves to an installed package or to nothing.
-    """
-
-    def __init__(self, inner, hidden):
-        self.inner, self.hidden = inner, hidden
-
-    def find_spec(self, fullname, target=None):
-        if fullname in self.hidden:
-            return None
-        return self.inner.find_spec(fullname, target)
-
-    def invalidate_caches(self):
-        self.inner.invalidate_caches()
+import hidden_test_folders  # noqa: E402  (tests/ is on sys.path only now)
 
 
-def _tests_path_hook(entry):
-    """``sys.path_hooks`` entry: wrap the ordinary finder of tests/ (and decline every other path entry)."""
-    if os.path.abspath(entry or os.curdir) != _TESTS:
-        raise ImportError("not the tests folder")
-    hidden = frozenset(d for d in os.listdir(_TESTS) if os.path.isdir(os.path.join(_TESTS, d))
-                       and not os.path.exists(os.path.join(_TESTS, d, "__init__.py")))
-    for hook in sys.path_hooks:
-        if hook is not _tests_path_hook:
-            try:
-                return _FoldersHidden(hook(entry), hidden)
-            except ImportError:
-                continue
-    raise ImportError("no finder for the tests folder")
-
-
-if _tests_path_hook.__qualname__ not in [getattr(h, "__qualname__", None) for h in sys.path_hooks]:
-    sys.path_hooks.insert(0, _tests_path_hook)
-    for _entry in list(sys.path_importer_cache):   # drop finders made before the hook (pytest's own import)
-        if os.path.abspath(_entry or os.curdir) == _TESTS:
-            del sys.path_importer_cache[_entry]
+hidden_test_folders.install()   # in this process; tests/multiproc.py installs it in every rank too
 
 
 # Folders whose every test drives a framework: where it is not installed, each test there is skipped, with the

@@ -46,6 +46,8 @@ _LINGER_VAR = "HVD_TEST_LINGER"
 _CHILD = r"""
 import sys
 sys.path.append(sys.argv[2])
+import hidden_test_folders
+hidden_test_folders.install()
 import multiproc
 multiproc._rank_main(None)
 """

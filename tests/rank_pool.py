@@ -32,6 +32,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 _WARM_CHILD = r"""
 import sys
 sys.path.append(sys.argv[1])
+import hidden_test_folders
+hidden_test_folders.install()
 import rank_pool
 rank_pool._worker_main()
 """

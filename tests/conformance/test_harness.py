@@ -149,3 +149,59 @@ def test_conformance_cases_are_selected_by_name():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout and "PASSED tests/conformance/test_collective_conformance.py::" \
         "test_allreduce_f32[numpy-tcp-np2]" in proc.stdout, proc.stdout[-3000:]
+
+
+# -- warm ranks (tests/rank_pool.py) and the test folders ----------------------------------------------------------
+def _rank_state(tag):
+    import os
+
+    import horovod.numpy as hvd
+
+    was_initialized = hvd.is_initialized()
+    hvd.init()
+    total = float(hvd.allreduce(np.ones(1), op=hvd.Sum)[0])
+    return {"pid": os.getpid(), "was_initialized": was_initialized, "tag": os.environ.get("HVD_TEST_TAG"),
+            "total": total, "tag_arg": tag}
+
+
+def _fail_on_rank_1():
+    import os
+
+    if int(os.environ["HOROVOD_RANK"]) == 1:
+        raise RuntimeError("planted")
+    return os.getpid()
+
+
+def test_warm_ranks_serve_the_next_call_as_fresh_ones_would():
+    first = run_ranks(_rank_state, 2, args=("a",), env={"HOROVOD_CYCLE_TIME": "0", "HVD_TEST_TAG": "one"})
+    second = run_ranks(_rank_state, 2, args=("b",), env={"HOROVOD_CYCLE_TIME": "0", "HVD_TEST_TAG": "two"})
+    # The same processes (warm), each call with its own environment, Horovod shut down in between.
+    assert [r["pid"] for r in first] == [r["pid"] for r in second], (first, second)
+    assert [(r["was_initialized"], r["tag"], r["total"]) for r in second] == [(False, "two", 2.0)] * 2, second
+    # A call in which a rank failed leaves no warm ranks behind: the next call starts fresh processes.
+    with pytest.raises(RankFailed, match="planted"):
+        run_ranks(_fail_on_rank_1, 2)
+    third = run_ranks(_rank_state, 2, args=("c",), env={"HOROVOD_CYCLE_TIME": "0"})
+    assert not {r["pid"] for r in third} & {r["pid"] for r in second}, (second, third)
+
+
+def _folders_seen_from_a_rank(names):
+    import importlib.util
+
+    return {name: importlib.util.find_spec(name) is not None for name in names}
+
+
+def test_test_folders_never_stand_in_for_packages_in_a_rank():
+    """tests/ is on every rank's path: a test folder (no __init__.py) must not import as a namespace package there,
+    or a missing framework (tests/jax without JAX) reads as installed and libraries probing for it fail."""
+    tests_dir = os.path.join(REPO, "tests")
+    folders = sorted(d for d in os.listdir(tests_dir) if os.path.isdir(os.path.join(tests_dir, d))
+                     and not os.path.exists(os.path.join(tests_dir, d, "__init__.py")) and d != "__pycache__")
+    assert "engine" in folders and "jax" in folders
+    import importlib.util
+
+    here = {name: importlib.util.find_spec(name) is not None for name in folders}   # hidden by conftest here
+    for launcher in ("subprocess", "fork"):
+        (seen,) = run_ranks(_folders_seen_from_a_rank, 1, args=(folders,), launcher=launcher)
+        assert seen == here, (launcher, seen, here)
+    assert here["engine"] is False and here["doctor"] is False   # never installed: a folder alone would say True
