@@ -9,7 +9,7 @@ the worker shuts Horovod down, so the next call starts from ``hvd.init()`` like 
 
 What a pool never serves (``run_ranks`` starts fresh processes for it): a call that expects failure, kills,
 holds or watches ranks (``expect_failure``, ``on_start``, ``hold``, ``linger``, ``ranks``), another launcher, or
-any call while ``HVD_TEST_WARM_RANKS=0``.  A pool is thrown away after any call in which a rank failed,
+a module that opts out with ``WARM_RANKS = False``.  A pool is thrown away after any call in which a rank failed,
 died or timed out, when its cleanup does not finish, and when the next test module starts; so a test that breaks
 its ranks on purpose costs the next test a fresh start, never a wrong result.
 
@@ -73,6 +73,7 @@ class Pool:
     def __init__(self, key: tuple, workers: List[_Worker]) -> None:
         self.key, self.workers = key, workers
         self.broken = False
+        self.calls = 0
 
     def procs(self) -> Dict[int, _Worker]:
         return {w.rank: w for w in self.workers}
@@ -88,6 +89,7 @@ class Pool:
                 w.proc.stdin.flush()                            # type: ignore[union-attr]
             except (BrokenPipeError, OSError):
                 self.broken = True
+        self.calls += 1
 
     def await_ready(self) -> bool:
         """Wait for every worker's ``ready`` after a call that succeeded; False (pool broken) when one fails."""
@@ -132,16 +134,24 @@ def current_module() -> Optional[str]:
     return nodeid.split("::", 1)[0] if nodeid else None
 
 
+def _module_opts_out(module_path: str) -> bool:
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__file__", None) and os.path.abspath(mod.__file__).endswith(module_path) \
+                and getattr(mod, "WARM_RANKS", True) is False:
+            return True
+    return False
+
+
 def pool_for(np: int, python: str, envs: Dict[int, Dict[str, str]], start: Callable[[int, Dict[str, str]],
                                                                                      subprocess.Popen]
              ) -> Optional[Pool]:
-    """The pool for this call (started on first use), or None where calls are not pooled (outside a pytest test,
-    or ``HVD_TEST_WARM_RANKS=0``)."""
+    """The pool for this call (started on first use), or None where calls are not pooled (outside pytest, or
+    the module opted out)."""
     global _module
     if os.environ.get("HVD_TEST_WARM_RANKS", "1") == "0":
         return None
     module = current_module()
-    if module is None:
+    if module is None or _module_opts_out(module):
         return None
     if module != _module:
         close_all()
