@@ -23,6 +23,11 @@ CASES = [("float32", [(7,)], SUM), ("float32", [(3, 2), (5,)], AVERAGE), ("int32
          ("bfloat16", [(6,)], SUM)]
 
 
+# The ranks install an emulated device backend into horovod.numpy (process-wide): fresh ranks for every test,
+# not warm ones (tests/rank_pool.py), so no test inherits another's backend.
+WARM_RANKS = False
+
+
 def _comm(lib, transport, size, rank):
     from horovod.transport import nccl
 

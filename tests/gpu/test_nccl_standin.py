@@ -27,6 +27,11 @@ cloudpickle.register_pickle_by_value(emulated_device)   # the ranks get it with 
 REPO = os.path.dirname(os.path.dirname(standin.HERE))
 
 
+# The ranks install an emulated device backend into horovod.numpy (process-wide): fresh ranks for every test,
+# not warm ones (tests/rank_pool.py), so no test inherits another's backend.
+WARM_RANKS = False
+
+
 def _start(**init):
     import horovod.numpy as hvd
 

@@ -17,6 +17,11 @@ import emulated_device  # noqa: E402  (tests/conformance)
 cloudpickle.register_pickle_by_value(emulated_device)
 
 
+# The ranks install an emulated device backend into horovod.numpy (process-wide): fresh ranks for every test,
+# not warm ones (tests/rank_pool.py), so no test inherits another's backend.
+WARM_RANKS = False
+
+
 def _killed_peer_job():
     import signal
     import time
