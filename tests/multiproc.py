@@ -391,12 +391,9 @@ def run_ranks(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dic
                 log.close()
                 procs = {-1: proc}
             else:
+                envs = _rank_envs(np, started, env, rank_env_overrides, common, server.port, secret, hosts, hold)
                 for rank in started:
-                    extra = dict(env or {})
-                    extra.update((rank_env_overrides or {}).get(rank, {}))
-                    extra.update(common)
-                    extra[_HOLD_VAR] = "1" if rank in hold else "0"
-                    full = rank_env(rank, np, "127.0.0.1", server.port, secret, extra, hosts)
+                    full = envs[rank]
                     log_path = os.path.join(job_dir, f"out.{rank}.txt")
                     if launcher == "fork":
                         procs[rank] = _start_fork(fn, tuple(args), full, log_path)
@@ -417,15 +414,16 @@ def run_ranks(fn: Callable, np: int, args: Sequence[Any] = (), env: Optional[Dic
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
-def _rank_envs(np: int, env: Optional[Dict[str, str]], overrides: Optional[Dict[int, Dict[str, str]]],
-               common: Dict[str, str], port: int, secret: bytes, hosts: Optional[Sequence[str]]
-               ) -> Dict[int, Dict[str, str]]:
+def _rank_envs(np: int, ranks: Sequence[int], env: Optional[Dict[str, str]],
+               overrides: Optional[Dict[int, Dict[str, str]]], common: Dict[str, str], port: int, secret: bytes,
+               hosts: Optional[Sequence[str]], hold: Sequence[int] = ()) -> Dict[int, Dict[str, str]]:
+    """The whole environment of each of ``ranks``: horovodrun's, the call's, the rank's own, the harness's."""
     envs = {}
-    for rank in range(np):
+    for rank in ranks:
         extra = dict(env or {})
         extra.update((overrides or {}).get(rank, {}))
         extra.update(common)
-        extra[_HOLD_VAR] = "0"
+        extra[_HOLD_VAR] = "1" if rank in hold else "0"
         envs[rank] = rank_env(rank, np, "127.0.0.1", port, secret, extra, hosts)
     return envs
 
@@ -433,7 +431,7 @@ def _rank_envs(np: int, env: Optional[Dict[str, str]], overrides: Optional[Dict[
 def _warm_pool(np: int, python: Optional[str], env: Optional[Dict[str, str]],
                overrides: Optional[Dict[int, Dict[str, str]]], common: Dict[str, str], port: int, secret: bytes,
                hosts: Optional[Sequence[str]]) -> Optional["rank_pool.Pool"]:
-    envs = _rank_envs(np, env, overrides, common, port, secret, hosts)
+    envs = _rank_envs(np, range(np), env, overrides, common, port, secret, hosts)
     interpreter = python or sys.executable
     pool = rank_pool.pool_for(np, interpreter, envs,
                               lambda r, e: rank_pool.spawn(interpreter, TESTS, e, die_with_launcher()))
